@@ -1,0 +1,248 @@
+"""The interface every DLM family adapter implements.
+
+An adapter is the only place that knows a family's quirks: where its mask token id lives, whether its
+logits are shifted (Dream: the logits at position i-1 predict token i), its attention pattern, whether an
+exact prefix KV cache is possible, and where its input embedding and lm_head are. The decoding engine and
+the MRP head only talk to adapters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+
+@dataclass
+class BackboneOutput:
+    """One backbone forward, aligned so that `logits[:, i]` scores the token AT input position i.
+
+    For shifted families the adapter has already moved the logits one step right; position 0 of the
+    input then has no score of its own (it repeats position 1's) and the engine never decodes it.
+    `hidden_states` is the final normalised hidden state that the lm_head read, aligned the same way
+    (None unless asked for). A cache passed to the forward is updated in place by the model.
+    """
+
+    logits: torch.Tensor
+    hidden_states: torch.Tensor | None = None
+
+
+class BackboneAdapter:
+    """Base adapter: a loaded `PreTrainedModel` seen as a masked diffusion LM.
+
+    Subclasses set the class attributes below and override a method only where their family's remote
+    code really differs.
+    """
+
+    #: name used by `backbone_family=` and written into head configs
+    family: ClassVar[str] = "generic"
+    #: `config.model_type` values (compared case-insensitively) and `config.architectures` entries
+    model_types: ClassVar[tuple[str, ...]] = ()
+    architectures: ClassVar[tuple[str, ...]] = ()
+    #: logits at position i-1 predict token i (models initialised from an AR LM, e.g. Dream)
+    shifted_logits: ClassVar[bool] = False
+    #: attention is causal across blocks and bidirectional inside a block (SDAR, Fast-dLLM v2, LLaDA2)
+    block_causal: ClassVar[bool] = False
+    #: config fields that hold the model's attention block size, first found wins
+    block_size_fields: ClassVar[tuple[str, ...]] = ()
+    #: config fields that hold the mask token id, first found wins
+    mask_token_id_fields: ClassVar[tuple[str, ...]] = ("mask_token_id",)
+    #: the family's documented mask id when its config does not carry one
+    default_mask_token_id: ClassVar[int | None] = None
+    #: the remote code masks padded keys (False: the engine decodes rows of equal prompt length together)
+    supports_padding: ClassVar[bool] = True
+    #: config fields that bound the positions a model can address
+    max_positions_fields: ClassVar[tuple[str, ...]] = ("max_position_embeddings", "max_sequence_length", "n_positions")
+
+    def __init__(self, model: nn.Module, mask_token_id: int | None = None):
+        self.model = model
+        self.config = model.config
+        self.mask_token_id = self._resolve_mask_token_id(mask_token_id)
+        self.block_size = self._resolve_block_size()
+        self._forward_params = set(inspect.signature(model.forward).parameters)
+        self._forward_takes_kwargs = any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()
+        )
+
+    # ------------------------------------------------------------------ matching
+    @classmethod
+    def matches(cls, config) -> bool:
+        model_type = str(getattr(config, "model_type", "") or "").lower()
+        if model_type and model_type in {t.lower() for t in cls.model_types}:
+            return True
+        return any(arch in cls.architectures for arch in (getattr(config, "architectures", None) or ()))
+
+    # ------------------------------------------------------------------ facts
+    def _resolve_mask_token_id(self, explicit: int | None) -> int:
+        if explicit is not None:
+            return int(explicit)
+        sources = [self.config, getattr(self.model, "generation_config", None)]
+        for source in sources:
+            for field in self.mask_token_id_fields:
+                value = getattr(source, field, None) if source is not None else None
+                if value is not None:
+                    return int(value)
+        if self.default_mask_token_id is not None:
+            return self.default_mask_token_id
+        raise ValueError(
+            f"Cannot find a mask token id for this {type(self.model).__name__} (family {self.family!r}, "
+            f"model_type {getattr(self.config, 'model_type', None)!r}): its config has none of "
+            f"{list(self.mask_token_id_fields)}. Pass mask_token_id=<id of the [MASK] token> "
+            f"(e.g. tokenizer.mask_token_id), or backbone_family=<a supported family>."
+        )
+
+    def _resolve_block_size(self) -> int | None:
+        if not self.block_causal:
+            return None
+        for field in self.block_size_fields:
+            value = getattr(self.config, field, None)
+            if value:
+                return int(value)
+        # some families (SDAR) take the block size at decoding time: the engine uses block_length
+        return None
+
+    @property
+    def attention_pattern(self) -> str:
+        return "block_causal" if self.block_causal else "bidirectional"
+
+    @property
+    def cache_argument(self) -> str | None:
+        """The forward's name for the KV cache: `cache` (transformers >= 5.2x), `past_key_values`, or None."""
+        for name in ("cache", "past_key_values"):
+            if name in self._forward_params:
+                return name
+        return None
+
+    @property
+    def accepts_cache(self) -> bool:
+        return self.cache_argument is not None
+
+    @property
+    def exact_prefix_cache(self) -> bool:
+        """A prefix KV cache gives exactly the no-cache output (block-causal attention + cache support)."""
+        return self.block_causal and self.accepts_cache
+
+    @property
+    def accepts_position_ids(self) -> bool:
+        return "position_ids" in self._forward_params
+
+    @property
+    def max_positions(self) -> int | None:
+        for field in self.max_positions_fields:
+            value = getattr(self.config, field, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.get_output_embeddings().weight.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.get_input_embeddings().weight.shape[1])
+
+    # ------------------------------------------------------------------ shared modules
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        head = self.model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(self.model).__name__} exposes no output embedding (lm_head).")
+        return head
+
+    # ------------------------------------------------------------------ forward
+    def attention_inputs(self, attention_mask: torch.Tensor, query_length: int, grid: int | None) -> Any:
+        """The `attention_mask` argument this family's forward expects.
+
+        `attention_mask` is the 2-D padding mask over every key (cached + current), `grid` the block size
+        of block-causal attention. The base passes the 2-D mask and lets the model build its pattern.
+        """
+        return attention_mask
+
+    def model_inputs(self, input_ids, attention_mask, position_ids, past_key_values, grid=None) -> dict[str, Any]:
+        """Keyword arguments for the model's forward; override for families with other names."""
+        mask = None if attention_mask is None else self.attention_inputs(attention_mask, input_ids.shape[1], grid)
+        inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": mask}
+        if position_ids is not None and self.accepts_position_ids:
+            inputs["position_ids"] = position_ids
+        if past_key_values is not None:
+            inputs[self.cache_argument or "past_key_values"] = past_key_values
+            inputs["use_cache"] = True
+        elif "use_cache" in self._forward_params:
+            inputs["use_cache"] = False
+        return inputs
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Any = None,
+        output_hidden_states: bool = False,
+        grid: int | None = None,
+    ) -> BackboneOutput:
+        """One backbone forward returning aligned logits (and the lm_head's input when asked).
+
+        The hidden state is captured by a hook on the lm_head's input, so it costs no second forward and
+        no per-layer `output_hidden_states`.
+        """
+        captured: list[torch.Tensor] = []
+        handle = None
+        if output_hidden_states:
+            handle = self.get_output_embeddings().register_forward_pre_hook(
+                lambda _module, args: captured.append(args[0])
+            )
+        try:
+            out = self.model(**self.model_inputs(input_ids, attention_mask, position_ids, past_key_values, grid))
+        finally:
+            if handle is not None:
+                handle.remove()
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        hidden = None
+        if output_hidden_states:
+            if not captured:
+                raise RuntimeError(
+                    f"{type(self.model).__name__} computed its logits without calling its output embedding "
+                    f"module, so the final hidden state could not be captured; this family needs its own adapter."
+                )
+            hidden = captured[-1]
+        if self.shifted_logits:
+            logits = _shift_right(logits)
+            hidden = _shift_right(hidden) if hidden is not None else None
+        return BackboneOutput(logits=logits, hidden_states=hidden)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "model_type": getattr(self.config, "model_type", None),
+            "mask_token_id": self.mask_token_id,
+            "shifted_logits": self.shifted_logits,
+            "attention": self.attention_pattern,
+            "block_size": self.block_size,
+            "exact_prefix_cache": self.exact_prefix_cache,
+        }
+
+
+def allowed_keys(attention_mask: torch.Tensor, query_length: int, grid: int | None) -> torch.Tensor:
+    """Bool [B, 1, q, kv]: which keys each query may attend to.
+
+    Padded keys are never visible; with `grid`, a query sees keys of its own block and earlier ones
+    (block-causal), blocks counted by absolute index from the start of the sequence.
+    """
+    key_length = attention_mask.shape[1]
+    allowed = attention_mask.bool()[:, None, None, :].expand(-1, 1, query_length, key_length)
+    if grid is None:
+        return allowed
+    device = attention_mask.device
+    query_block = torch.arange(key_length - query_length, key_length, device=device) // grid
+    key_block = torch.arange(key_length, device=device) // grid
+    return allowed & (key_block[None, :] <= query_block[:, None])[None, None]
+
+
+def _shift_right(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x[:, :1], x[:, :-1]], dim=1)

@@ -1,0 +1,31 @@
+"""LLaDA2 (inclusionAI, remote code, MoE): block-causal via a caller-built 4-D additive mask.
+
+A 2-D mask or None would give causal attention, so the block pattern is always passed as a 4-D float mask.
+The Hub cache path is broken on current transformers (4.57 and 5.x), and its own generate recomputes the
+window each step, so no cache is used (`use_cache=False` is passed: the config defaults it to True).
+The mask id (156895) is a generate() default and a tokenizer token; logits come back in float32.
+"""
+
+import torch
+
+from .base import BackboneAdapter, allowed_keys
+from .registry import register_adapter
+
+
+@register_adapter
+class LLaDA2Adapter(BackboneAdapter):
+    family = "llada2"
+    model_types = ("llada2_moe",)
+    architectures = ("LLaDA2MoeModelLM",)
+    block_causal = True
+    block_size_fields = ("block_size", "block_length")
+    default_mask_token_id = 156895
+
+    @property
+    def accepts_cache(self) -> bool:
+        return False
+
+    def attention_inputs(self, attention_mask, query_length, grid):
+        allowed = allowed_keys(attention_mask, query_length, grid)
+        dtype = self.get_input_embeddings().weight.dtype
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)

@@ -1,0 +1,140 @@
+"""`MRPGenerationConfig`: every knob of masked-diffusion decoding, validated with errors that name the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import GenerationConfig
+
+MRP_MODES = ("off", "speculative", "remask", "direct")
+CONFIDENCE_RULES = ("top_prob", "margin", "neg_entropy", "random")
+REMASK_RULES = ("confidence", "residual")
+
+# Our own fields and their defaults. Sampling fields are set here too because transformers 4.x and 5.x
+# disagree on their defaults (4.x: top_k=50, temperature=1.0), and decoding must not change with the version.
+_DEFAULTS: dict[str, Any] = {
+    "block_length": None,  # None: the model's block size (block-causal) or min(32, max_new_tokens)
+    "steps": None,  # total denoising steps over max_new_tokens (LLaDA/Dream convention); None: tokens_per_step
+    "tokens_per_step": 1,
+    "threshold": None,  # set: dynamic regime (reveal every masked position above it, at least one)
+    "confidence": "top_prob",
+    "temperature": 0.0,
+    "top_k": None,
+    "top_p": None,
+    "seed": 0,
+    "prefix_cache": None,  # None: exact cache where the family allows it, off otherwise
+    "mrp_mode": "off",
+    "mrp_draft_tokens": 3,
+    "remask_rule": "confidence",
+    "remask_delta": 1.5,
+    "mask_token_id": None,
+}
+
+
+class MRPGenerationConfig(GenerationConfig):
+    """Decoding settings for diffusion LMs, with the MRP modes.
+
+    Args:
+        max_new_tokens: length of the answer region (a multiple of `block_length`).
+        block_length: tokens per semi-autoregressive block; each block is finished before the next starts.
+        steps: total denoising steps over `max_new_tokens` (static regime), split evenly over blocks as in
+            LLaDA; the tokens of a block are spread over its steps. Overrides `tokens_per_step`.
+        tokens_per_step: tokens revealed per step in the static regime (default 1: best quality).
+        threshold: dynamic regime: reveal every masked position whose confidence exceeds it (at least one).
+        confidence: `"top_prob"`, `"margin"` (top-1 minus top-2), `"neg_entropy"`, or `"random"` order.
+        temperature, top_k, top_p: sampling; `temperature=0` is greedy. Random draws are keyed by
+            (prompt, position, tokens committed so far) and `seed`, so they do not depend on batch
+            composition or call order.
+        prefix_cache: `None` uses an exact prefix KV cache for block-causal families and none for
+            bidirectional ones; `True` also enables the Fast-dLLM-style approximate cache for
+            bidirectional families (refreshed at each block; output may differ from no cache);
+            `False` disables caching.
+        mrp_mode: `"off"`, `"speculative"`, `"remask"` or `"direct"` (the last three need an MRP head).
+        mrp_draft_tokens: drafts per round for the speculative and direct modes.
+        eos_token_id, pad_token_id: a row stops after a block containing EOS; later tokens become pad.
+    """
+
+    def __init__(self, **kwargs):
+        own = {name: kwargs.pop(name, default) for name, default in _DEFAULTS.items()}
+        if own["temperature"] is None:
+            own["temperature"] = 0.0
+        kwargs.setdefault("max_new_tokens", 128)
+        kwargs["do_sample"] = own["temperature"] > 0
+        super().__init__(**kwargs)
+        for name, value in own.items():  # after super(): GenerationConfig.__init__ resets the shared ones
+            setattr(self, name, value)
+        self.validate()
+
+    def validate(self, *args, **kwargs) -> None:  # noqa: D401 - replaces GenerationConfig.validate
+        """Check every decoding field; raise `ValueError` naming the bad value and the fix."""
+        if not hasattr(self, "mrp_mode"):  # called from GenerationConfig.__init__ before our fields are set
+            return
+        if self.mrp_mode not in MRP_MODES:
+            raise ValueError(f"Unknown mrp_mode {self.mrp_mode!r}; choose one of {list(MRP_MODES)}.")
+        if self.confidence not in CONFIDENCE_RULES:
+            raise ValueError(f"Unknown confidence {self.confidence!r}; choose one of {list(CONFIDENCE_RULES)}.")
+        if self.remask_rule not in REMASK_RULES:
+            raise ValueError(f"Unknown remask_rule {self.remask_rule!r}; choose one of {list(REMASK_RULES)}.")
+        _positive_int("max_new_tokens", self.max_new_tokens)
+        _positive_int("tokens_per_step", self.tokens_per_step)
+        _positive_int("mrp_draft_tokens", self.mrp_draft_tokens, hint="K >= 1 drafts per round")
+        if self.block_length is not None:
+            _positive_int("block_length", self.block_length)
+            if self.max_new_tokens % self.block_length:
+                raise ValueError(
+                    f"block_length={self.block_length} does not divide max_new_tokens={self.max_new_tokens}; "
+                    f"use a max_new_tokens that is a multiple of it (e.g. "
+                    f"{-(-self.max_new_tokens // self.block_length) * self.block_length})."
+                )
+        if self.steps is not None:
+            _positive_int("steps", self.steps)
+        if self.threshold is not None and not (0.0 < float(self.threshold) <= 1.0):
+            raise ValueError(f"threshold={self.threshold} is outside (0, 1]; use e.g. threshold=0.9, or None for static decoding.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} is negative; use 0 for greedy or a positive value.")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k={self.top_k!r} must be a positive int or None.")
+        if self.top_p is not None and not (0.0 < float(self.top_p) <= 1.0):
+            raise ValueError(f"top_p={self.top_p} is outside (0, 1]; use None to disable it.")
+        if self.mrp_mode == "remask" and self.threshold is None:
+            raise ValueError("mrp_mode='remask' works in the dynamic regime: pass a threshold (e.g. threshold=0.5).")
+        if self.prefix_cache not in (None, True, False):
+            raise ValueError(f"prefix_cache={self.prefix_cache!r} must be None (auto), True or False.")
+
+    @property
+    def is_sampling(self) -> bool:
+        return self.temperature > 0
+
+    def resolved_block_length(self, model_block_size: int | None) -> int:
+        if self.block_length is not None:
+            return int(self.block_length)
+        if model_block_size is not None and self.max_new_tokens % model_block_size == 0:
+            return model_block_size
+        return min(32, self.max_new_tokens) if self.max_new_tokens % min(32, self.max_new_tokens) == 0 else self.max_new_tokens
+
+
+def _positive_int(name: str, value: Any, hint: str = "") -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer{f' ({hint})' if hint else ''}.")
+
+
+def build_generation_config(base: GenerationConfig | None, **overrides: Any) -> MRPGenerationConfig:
+    """Merge a model's generation config with call-time overrides.
+
+    A model that ships an `MRPGenerationConfig` (e.g. the reference DLM) gives all its fields; a plain
+    `GenerationConfig` (remote-code DLMs) gives only its token ids, because its sampling defaults were
+    written for the family's own sampler, not ours.
+    """
+    fields: dict[str, Any] = {}
+    if base is not None:
+        base_dict = base.to_dict()
+        if base_dict.get("mrp_mode") is not None or isinstance(base, MRPGenerationConfig):
+            fields.update({k: v for k, v in base_dict.items() if not k.startswith("_")})
+        else:
+            for key in ("eos_token_id", "pad_token_id", "mask_token_id"):
+                if base_dict.get(key) is not None:
+                    fields[key] = base_dict[key]
+    fields.update({k: v for k, v in overrides.items() if v is not None or k in ("threshold", "block_length")})
+    for drop in ("transformers_version", "do_sample"):
+        fields.pop(drop, None)
+    return MRPGenerationConfig(**fields)

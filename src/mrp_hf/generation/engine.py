@@ -1,0 +1,366 @@
+"""The block loop shared by every decoding strategy: canvas, prefix cache, EOS stop, batches, stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.utils import ModelOutput, logging
+
+from .._compat import crop_cache, select_cache_rows
+from ..backbones.base import BackboneAdapter
+from .config import MRPGenerationConfig
+from .sampling import TokenProposer, row_keys
+from .strategies import DynamicStrategy, RevealStrategy, StaticStrategy
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class GenerationStats:
+    """Counted, not estimated. A batched backbone forward counts once in `backbone_forwards`; each row
+    also counts the forwards it took part in while it still had masked positions in its block."""
+
+    backbone_forwards: int = 0
+    head_forwards: int = 0
+    row_backbone_forwards: list[int] = field(default_factory=list)
+    row_new_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_forward(self) -> list[float]:
+        """Per row: tokens committed (up to and including its EOS block) / backbone forwards it needed."""
+        return [t / f if f else 0.0 for t, f in zip(self.row_new_tokens, self.row_backbone_forwards, strict=True)]
+
+    @property
+    def mean_tokens_per_forward(self) -> float:
+        tpf = self.tokens_per_forward
+        return sum(tpf) / len(tpf) if tpf else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backbone_forwards": self.backbone_forwards,
+            "head_forwards": self.head_forwards,
+            "row_backbone_forwards": list(self.row_backbone_forwards),
+            "row_new_tokens": list(self.row_new_tokens),
+            "tokens_per_forward": self.tokens_per_forward,
+            "mean_tokens_per_forward": self.mean_tokens_per_forward,
+        }
+
+
+@dataclass
+class MRPGenerateOutput(ModelOutput):
+    """`sequences`: prompt + generated tokens, [batch, prompt_len + max_new_tokens]; `stats`: `GenerationStats`."""
+
+    sequences: torch.LongTensor | None = None
+    stats: GenerationStats | None = None
+
+
+def validate_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Check shapes and left padding; return the attention mask (all ones when none was given)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise TypeError(
+            f"input_ids must be a 2-D LongTensor [batch, prompt_len], got "
+            f"{type(input_ids).__name__}{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ''}."
+        )
+    if input_ids.dtype not in (torch.long, torch.int, torch.int32):
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}.")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids has no prompt tokens; diffusion decoding needs a prompt of at least one token.")
+    if attention_mask is None:
+        return torch.ones_like(input_ids, dtype=torch.long)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has {tuple(input_ids.shape)}; "
+            f"pass the mask the tokenizer returned with these ids."
+        )
+    mask = attention_mask.to(torch.long)
+    if ((mask != 0) & (mask != 1)).any():
+        raise ValueError("attention_mask must contain only 0 and 1.")
+    if (mask.sum(dim=1) == 0).any():
+        raise ValueError("a row of attention_mask is all zeros: every prompt needs at least one real token.")
+    if (mask[:, 1:] < mask[:, :-1]).any():
+        raise ValueError(
+            "attention_mask is not left-padded (a 1 is followed by a 0). Diffusion decoding appends the answer "
+            "after the prompt: tokenize with tokenizer.padding_side = 'left'."
+        )
+    return mask
+
+
+class DecodingEngine:
+    """Runs block-wise masked-diffusion decoding of one batch with one reveal strategy.
+
+    The steps below are the numbered steps of `MRPModel.generate`'s docstring:
+
+    1. Lay out the canvas: the left-padded prompt (widened on the left to a multiple of the model block for
+       block-causal families), then `max_new_tokens` mask tokens; position ids per row.
+    2. For each block of `block_length` tokens, while a row still has masked positions in it:
+       a. one backbone forward over the visible part of the canvas (with the prefix cache when on);
+       b. propose a token and a confidence per position (`TokenProposer`);
+       c. the strategy picks the positions to reveal; commit them; count stats.
+    3. After each block: rows whose answer holds EOS stop (the rest of their answer becomes pad) and
+       leave the batch and the cache; the block goes to the streamer.
+    4. Return the sequences and the stats.
+    """
+
+    def __init__(self, adapter: BackboneAdapter, config: MRPGenerationConfig, strategy: RevealStrategy | None = None):
+        self.adapter = adapter
+        self.config = config
+        self.mask_id = adapter.mask_token_id
+        self.block_length = self._resolve_block_length()
+        self.num_blocks = config.max_new_tokens // self.block_length
+        self.strategy = strategy or self._default_strategy()
+        self.proposer = TokenProposer(config, self.mask_id)
+        self.use_cache = self._resolve_cache()
+        eos = config.eos_token_id
+        self.eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        pad = config.pad_token_id
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else self.mask_id)
+
+    # ------------------------------------------------------------------ set-up
+    def _resolve_block_length(self) -> int:
+        cfg, adapter = self.config, self.adapter
+        model_block = adapter.block_size
+        default = model_block or getattr(adapter, "default_block_length", None) or min(32, cfg.max_new_tokens)
+        block_length = cfg.block_length or default
+        if cfg.max_new_tokens % block_length:
+            raise ValueError(
+                f"block_length={block_length} does not divide max_new_tokens={cfg.max_new_tokens}; use a "
+                f"max_new_tokens that is a multiple of it, or another block_length."
+            )
+        if model_block is not None and (block_length > model_block or model_block % block_length):
+            raise ValueError(
+                f"block_length={block_length} does not fit {adapter.family}'s attention block of {model_block} "
+                f"tokens: a block-causal model can only decode blocks that tile its own (use {model_block} "
+                f"or a divisor of it)."
+            )
+        return block_length
+
+    def _default_strategy(self) -> RevealStrategy:
+        cfg = self.config
+        if cfg.threshold is not None:
+            return DynamicStrategy(cfg.threshold)
+        if cfg.steps is not None:
+            if cfg.steps % self.num_blocks:
+                raise ValueError(
+                    f"steps={cfg.steps} is not a multiple of the number of blocks ({self.num_blocks} = "
+                    f"max_new_tokens {cfg.max_new_tokens} / block_length {self.block_length})."
+                )
+            steps_per_block = cfg.steps // self.num_blocks
+            if steps_per_block > self.block_length:
+                raise ValueError(
+                    f"steps={cfg.steps} gives {steps_per_block} steps per block of {self.block_length} tokens; "
+                    f"use at most max_new_tokens={cfg.max_new_tokens} steps."
+                )
+            return StaticStrategy(steps_per_block=steps_per_block)
+        return StaticStrategy(tokens_per_step=cfg.tokens_per_step)
+
+    def _resolve_cache(self) -> bool:
+        wanted = self.config.prefix_cache
+        if wanted is False:
+            return False
+        if not self.adapter.accepts_cache:
+            if wanted:
+                raise ValueError(
+                    f"prefix_cache=True, but {type(self.adapter.model).__name__}'s forward takes no past_key_values."
+                )
+            return False
+        if self.adapter.exact_prefix_cache:
+            return True
+        if wanted:
+            logger.info("Approximate prefix cache on a bidirectional model: output may differ from prefix_cache=False.")
+        return bool(wanted)
+
+    # ------------------------------------------------------------------ run
+    @property
+    def grid(self) -> int | None:
+        """Block size of the model's block-causal attention (None: bidirectional)."""
+        if not self.adapter.block_causal:
+            return None
+        return self.adapter.block_size or self.block_length
+
+    def _blocks(self, width: int) -> list[tuple[int, int]]:
+        """[start, end) of each decoding block on the canvas.
+
+        Normally blocks are uniform from the answer start (for block-causal families the canvas was widened
+        so that the answer starts on a model block boundary). When a block-causal family's remote code
+        cannot mask pads, the answer starts right after the prompt and blocks follow the model's absolute
+        grid, so the first and last blocks may be partial, as in the family's own generate.
+        """
+        new, step = self.config.max_new_tokens, self.block_length
+        if self.grid is None or self.adapter.supports_padding:
+            return [(start, start + step) for start in range(width, width + new, step)]
+        edges = sorted({width, width + new} | set(range(-(-width // step) * step, width + new, step)))
+        return list(zip(edges[:-1], edges[1:], strict=True))
+
+    @torch.no_grad()
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, streamer=None) -> MRPGenerateOutput:
+        prompt_mask = validate_prompt(input_ids, attention_mask)
+        if streamer is not None and input_ids.shape[0] != 1:
+            raise ValueError(f"streamer works with batch size 1 only, got a batch of {input_ids.shape[0]}.")
+        if not self.adapter.supports_padding and not bool(prompt_mask.all()):
+            return self._run_by_prompt_length(input_ids, prompt_mask)
+        return self._run_batch(input_ids, prompt_mask, streamer)
+
+    def _run_by_prompt_length(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor) -> MRPGenerateOutput:
+        """For families whose remote code cannot mask padding: decode each group of equal-length prompts
+        unpadded, then lay the rows out left-padded again."""
+        batch, prompt_len = input_ids.shape
+        lengths = prompt_mask.sum(dim=1)
+        sequences = torch.full((batch, prompt_len + self.config.max_new_tokens), self.pad_id, dtype=torch.long, device=input_ids.device)
+        stats = GenerationStats(row_backbone_forwards=[0] * batch, row_new_tokens=[0] * batch)
+        for length in sorted(set(lengths.tolist())):
+            rows = (lengths == length).nonzero().squeeze(1)
+            part = self._run_batch(input_ids[rows, prompt_len - length :], prompt_mask[rows, prompt_len - length :], None)
+            sequences[rows, prompt_len - length :] = part.sequences
+            stats.backbone_forwards += part.stats.backbone_forwards
+            for i, row in enumerate(rows.tolist()):
+                stats.row_backbone_forwards[row] = part.stats.row_backbone_forwards[i]
+                stats.row_new_tokens[row] = part.stats.row_new_tokens[i]
+        return MRPGenerateOutput(sequences=sequences, stats=stats)
+
+    def _run_batch(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, streamer) -> MRPGenerateOutput:
+        adapter = self.adapter
+        device = input_ids.device
+        batch, prompt_len = input_ids.shape
+        new = self.config.max_new_tokens
+
+        # 1. canvas, attention mask and positions
+        align = (self.grid or 1) if adapter.supports_padding else 1
+        width = -(-prompt_len // align) * align
+        extra = width - prompt_len
+        canvas = torch.full((batch, width + new), self.mask_id, dtype=torch.long, device=device)
+        canvas[:, :extra] = self.pad_id
+        canvas[:, extra:width] = input_ids
+        canvas_mask = torch.ones_like(canvas)
+        canvas_mask[:, :extra] = 0
+        canvas_mask[:, extra:width] = prompt_mask
+        left_pads = width - prompt_mask.sum(dim=1)
+        # block-causal: shift positions by whole blocks only, so the model's block grid stays on block starts
+        offsets = (left_pads // align) * align
+        positions = (torch.arange(width + new, device=device).unsqueeze(0) - offsets.unsqueeze(1)).clamp_min(0)
+        self._check_positions(int(positions.max()) if adapter.accepts_position_ids else width + new - 1, prompt_len, new)
+
+        keys = row_keys(input_ids, prompt_mask)
+        committed = torch.zeros(batch, dtype=torch.long, device=device)
+        active = torch.arange(batch, device=device)
+        stats = GenerationStats(row_backbone_forwards=[0] * batch, row_new_tokens=[0] * batch)
+        gen_index = torch.arange(new, device=device)
+        cache = self._new_cache()
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
+
+        # 2. blocks
+        for start, end in self._blocks(width):
+            if active.numel() == 0:
+                break
+            block_positions = gen_index[start - width : end - width].unsqueeze(0)
+            step = 0
+            while True:
+                masked = canvas[active, start:end] == self.mask_id
+                has_work = masked.any(dim=1)
+                if not has_work.any():
+                    break
+                # 2.a backbone forward
+                logits, cache = self._forward(canvas, canvas_mask, positions, active, start, end, step, cache)
+                stats.backbone_forwards += 1
+                for row in active[has_work].tolist():
+                    stats.row_backbone_forwards[row] += 1
+                # 2.b proposals
+                tokens, confidence = self.proposer(
+                    logits, keys[active].unsqueeze(1), block_positions, committed[active].unsqueeze(1)
+                )
+                confidence = confidence.masked_fill(~masked, float("-inf"))
+                # 2.c reveal and commit
+                reveal = self.strategy.select(confidence, masked, step)
+                stalled = has_work & ~reveal.any(dim=1)
+                if stalled.any():
+                    raise RuntimeError(
+                        f"decoding stalled: no position revealed for rows {active[stalled].tolist()} "
+                        f"(confidences {confidence[stalled].tolist()}); the backbone's logits may contain NaN."
+                    )
+                canvas[active, start:end] = torch.where(reveal, tokens, canvas[active, start:end])
+                committed[active] += reveal.sum(dim=1)
+                step += 1
+
+            # 3. EOS stop, streamer
+            for row in active.tolist():
+                stats.row_new_tokens[row] = end - width
+            finished = self._finish_rows(canvas, active, width, end)
+            if streamer is not None:
+                streamer.put(canvas[0, start:end].cpu())
+            if finished.any():
+                keep = (~finished).nonzero().squeeze(1)
+                if cache is not None and adapter.exact_prefix_cache:
+                    select_cache_rows(cache, keep)
+                active = active[keep]
+
+        # 4. sequences and stats
+        if streamer is not None:
+            streamer.end()
+        return MRPGenerateOutput(sequences=canvas[:, extra:], stats=stats)
+
+    # ------------------------------------------------------------------ pieces
+    def _check_positions(self, last_position: int, prompt_len: int, new: int) -> None:
+        limit = self.adapter.max_positions
+        if limit is not None and last_position >= limit:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens, laid out to {last_position + 1 - new}) + max_new_tokens ({new}) needs "
+                f"position {last_position}, beyond the model's limit of {limit} positions; shorten the prompt or "
+                f"lower max_new_tokens."
+            )
+
+    def _new_cache(self):
+        if not self.use_cache:
+            return None
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def _forward(self, canvas, canvas_mask, positions, active, start, end, step, cache):
+        """One backbone forward for the current block; returns the block's aligned logits and the cache.
+
+        Without cache the input is the canvas up to the block end (block-causal: later blocks cannot be seen)
+        or the whole canvas (bidirectional). With the exact block-causal cache the input starts at the first
+        uncached position; the cache is then cropped back to the last model-block boundary before the block,
+        so in-block forwards never stay in it. With the approximate bidirectional cache the first step of a
+        block refreshes the whole prefix and later steps feed only the block and what follows it.
+        """
+        adapter = self.adapter
+        shift = 1 if adapter.shifted_logits else 0
+        visible_end = end if adapter.block_causal else canvas.shape[1]
+        if cache is None:
+            in_start = 0
+        elif adapter.exact_prefix_cache:
+            in_start = cache.get_seq_length()
+        else:
+            if step == 0:
+                cache = self._new_cache()
+            in_start = cache.get_seq_length()
+        ids = canvas[active, in_start:visible_end]
+        out = adapter.forward(
+            ids,
+            attention_mask=canvas_mask[active, :visible_end],
+            position_ids=positions[active, in_start:visible_end],
+            past_key_values=cache,
+            grid=self.grid,
+        )
+        if cache is not None:
+            grid = self.grid or 1
+            crop_cache(cache, min((start // grid) * grid, start - shift))
+        return out.logits[:, start - in_start : end - in_start], cache
+
+    def _finish_rows(self, canvas, active, width, end) -> torch.Tensor:
+        """Rows (of `active`) whose answer so far holds an EOS: pad everything after their first EOS."""
+        finished = torch.zeros(active.numel(), dtype=torch.bool, device=canvas.device)
+        if not self.eos_ids:
+            return finished
+        answers = canvas[active, width:end]
+        is_eos = torch.isin(answers, torch.tensor(self.eos_ids, device=canvas.device))
+        for i, row in enumerate(active.tolist()):
+            hits = is_eos[i].nonzero()
+            if hits.numel():
+                first = width + int(hits[0])
+                canvas[row, first + 1 :] = self.pad_id
+                finished[i] = True
+        return finished

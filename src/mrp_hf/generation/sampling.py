@@ -1,0 +1,115 @@
+"""Token proposals and their confidence, with randomness keyed by position instead of call order.
+
+Every random number is a hash of (seed, stream, row key, position, committed count). The row key is a
+hash of the prompt's tokens, so a prompt draws the same numbers alone or in any batch, and a verifier
+that evaluates a state later (speculative decoding) draws what the baseline drew on the same state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import MRPGenerationConfig
+
+_MASK32 = 0xFFFFFFFF
+STREAM_TOKEN = 1  # the draw that picks a token
+STREAM_ORDER = 2  # the draw that orders positions under confidence="random"
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser on int64 tensors holding 32-bit values (low bits survive wrap-around)."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _combine(h: torch.Tensor, value: torch.Tensor | int) -> torch.Tensor:
+    return _mix32((h * 0x9E3779B1 + value) & _MASK32)
+
+
+def row_keys(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """A 32-bit key per row from its real (unpadded) prompt tokens: batch composition does not change it."""
+    keys = torch.zeros(prompt_ids.shape[0], dtype=torch.long, device=prompt_ids.device)
+    lengths = prompt_mask.sum(dim=1)
+    for row in range(prompt_ids.shape[0]):
+        tokens = prompt_ids[row, prompt_ids.shape[1] - int(lengths[row]) :]
+        h = torch.tensor(int(lengths[row]), dtype=torch.long, device=prompt_ids.device)
+        for tok in tokens.tolist():
+            h = _combine(h, tok)
+        keys[row] = h
+    return keys
+
+
+def keyed_uniform(
+    seed: int, stream: int, row_key: torch.Tensor, position: torch.Tensor, committed: torch.Tensor
+) -> torch.Tensor:
+    """Uniform numbers in (0, 1), one per element of the broadcast of (row_key, position, committed)."""
+    h = _combine(torch.as_tensor(seed & _MASK32, device=row_key.device), stream)
+    h = _combine(h, row_key)
+    h = _combine(h, position)
+    h = _combine(h, committed)
+    return (h.double() + 0.5) / 4294967296.0
+
+
+def _filter_logits(logits: torch.Tensor, config: MRPGenerationConfig) -> torch.Tensor:
+    logits = logits / config.temperature
+    if config.top_k is not None and config.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if config.top_p is not None and config.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= config.top_p  # keep the top token always
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class TokenProposer:
+    """Turns logits into a proposed token and a confidence per position (one job, no reveal decision)."""
+
+    def __init__(self, config: MRPGenerationConfig, mask_token_id: int | None = None):
+        self.config = config
+        self.mask_token_id = mask_token_id
+
+    def __call__(
+        self, logits: torch.Tensor, row_key: torch.Tensor, position: torch.Tensor, committed: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [n, L, V]; row_key [n, 1]; position [n, L] or [1, L]; committed [n, 1].
+
+        Returns (tokens [n, L], confidence [n, L]).
+        """
+        cfg = self.config
+        logits = logits.float()
+        if self.mask_token_id is not None and self.mask_token_id < logits.shape[-1]:
+            # committing the mask token would leave the position masked forever
+            logits = logits.clone()
+            logits[..., self.mask_token_id] = float("-inf")
+        if cfg.is_sampling:
+            processed = _filter_logits(logits, cfg)
+            probs = processed.softmax(dim=-1)
+            u = keyed_uniform(cfg.seed, STREAM_TOKEN, row_key, position, committed).to(probs.device)
+            # inverse-CDF draw: one keyed uniform per position, independent of vocabulary layout on device
+            cdf = probs.double().cumsum(dim=-1)
+            tokens = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1)).squeeze(-1)
+            tokens = tokens.clamp_max(probs.shape[-1] - 1)
+        else:
+            probs = logits.softmax(dim=-1)
+            tokens = logits.argmax(dim=-1)
+        confidence = self._confidence(probs, tokens, row_key, position, committed)
+        return tokens, confidence
+
+    def _confidence(self, probs, tokens, row_key, position, committed) -> torch.Tensor:
+        rule = self.config.confidence
+        if rule == "top_prob":
+            return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        if rule == "margin":
+            top2 = torch.topk(probs, 2, dim=-1).values
+            return top2[..., 0] - top2[..., 1]
+        if rule == "neg_entropy":
+            return (probs * torch.log(probs.clamp_min(1e-12))).sum(dim=-1)
+        # "random": a keyed random order, the LLaDA "random remasking" baseline
+        return keyed_uniform(self.config.seed, STREAM_ORDER, row_key, position, committed).float().to(probs.device)
