@@ -226,3 +226,21 @@ def test_streamer_gets_prompt_then_blocks(models):
     assert rec.chunks[0] == [[5, 17, 33, 9]]
     assert rec.chunks[1] + rec.chunks[2] == seq[0, 4:].tolist()
     assert rec.ended
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_adapter_returns_lm_head_input_in_the_same_forward(models, family):
+    adapter = wrap(family, models[family]).adapter
+    ids = torch.tensor([[5, 17, 33, 9, STAND_IN_MASK_ID, STAND_IN_MASK_ID, STAND_IN_MASK_ID, STAND_IN_MASK_ID]])
+    calls = []
+    handle = adapter.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        out = adapter.forward(ids, attention_mask=torch.ones_like(ids), output_hidden_states=True, grid=4 if adapter.block_causal else None)
+    finally:
+        handle.remove()
+    assert len(calls) == 1  # one backbone pass gives both
+    head = adapter.get_output_embeddings()
+    assert out.hidden_states.shape == (1, 8, adapter.hidden_size)
+    # the hidden state is what the lm_head reads: lm_head(h) reproduces the (aligned) logits
+    assert torch.allclose(head(out.hidden_states).float(), out.logits.float(), atol=1e-4)
+    assert adapter.get_input_embeddings().weight.shape[0] >= adapter.vocab_size - 1
