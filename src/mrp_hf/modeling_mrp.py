@@ -1,4 +1,4 @@
-"""`MRPModel`: a DLM backbone (plus, later, an MRP head) with one `generate()` for every family."""
+"""`MRPHead` (the trained module) and `MRPModel` (backbone + optional head + `generate()`)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,99 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.utils import logging
 
 from .backbones import BackboneAdapter, get_adapter, load_backbone
+from .configuration_mrp import MRPConfig
 from .generation.config import MRPGenerationConfig, build_generation_config
 from .generation.engine import DecodingEngine, MRPGenerateOutput
 
+logger = logging.get_logger(__name__)
+
 _HEAD_MODES = ("speculative", "remask", "direct")
+
+
+class MRPHead(PreTrainedModel):
+    """Predicts the residual C between the backbone's logits on a state and on the next state.
+
+    h_C = Norm(Layers(W [RMSNorm(e); RMSNorm(h_A)])), where e is the backbone's own (frozen, shared)
+    embedding of the updated ids and h_A the backbone's final normalised hidden state on the previous
+    state; the next-step logits are lm_head(h_A + h_C). The head holds neither the embedding nor the
+    lm_head: callers pass `inputs_embeds`, and `save_pretrained` writes only the head's weights.
+    An untrained head outputs h_C = 0 exactly ("reuse the last logits").
+    """
+
+    config_class = MRPConfig
+    base_model_prefix = "mrp_head"
+    main_input_name = "inputs_embeds"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["LlamaDecoderLayer"]
+    _supports_sdpa = True
+
+    def __init__(self, config: MRPConfig):
+        super().__init__(config)
+        width = config.head_hidden_size
+        layer_config = LlamaConfig(
+            hidden_size=width,
+            intermediate_size=config.intermediate_size,
+            num_attention_heads=config.num_attention_heads,
+            num_key_value_heads=config.num_key_value_heads,
+            num_hidden_layers=config.num_hidden_layers,
+            rms_norm_eps=config.rms_norm_eps,
+            rope_theta=config.rope_theta,
+            max_position_embeddings=config.max_position_embeddings,
+        )
+        layer_config._attn_implementation = "sdpa"
+        self.embed_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.fuse = nn.Linear(2 * config.hidden_size, width, bias=False)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(layer_config, layer_idx=i) for i in range(config.num_hidden_layers))
+        self.rotary_emb = LlamaRotaryEmbedding(layer_config)
+        self.norm = LlamaRMSNorm(width, eps=config.rms_norm_eps)
+        self.out_proj = nn.Linear(width, config.hidden_size, bias=False) if width != config.hidden_size else None
+        self.post_init()
+        self.zero_output()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, LlamaRMSNorm):
+            nn.init.ones_(module.weight)
+
+    @torch.no_grad()
+    def zero_output(self) -> None:
+        """Make h_C = 0 for every input: the last learned scale (out_proj, else the final norm) is zeroed."""
+        last = self.out_proj if self.out_proj is not None else self.norm
+        if last.weight.device.type != "meta":
+            last.weight.zero_()
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+    ) -> torch.Tensor:
+        """inputs_embeds: backbone embedding of the updated ids [B, L, H]; hidden_states: h_A [B, L, H];
+        attention_mask: bool [B, 1, L, L] of allowed keys (None: everything sees everything).
+        Returns h_C [B, L, H] in the dtype of `hidden_states`."""
+        dtype = self.fuse.weight.dtype
+        e, h = inputs_embeds.to(dtype), hidden_states.to(dtype)
+        z = self.fuse(torch.cat([self.embed_norm(e), self.hidden_norm(h)], dim=-1))
+        if position_ids is None:
+            position_ids = torch.arange(z.shape[1], device=z.device).unsqueeze(0).expand(z.shape[0], -1)
+        if attention_mask is None:  # an explicit all-true mask keeps the Llama layer bidirectional
+            attention_mask = torch.ones(z.shape[0], 1, z.shape[1], z.shape[1], dtype=torch.bool, device=z.device)
+        position_embeddings = self.rotary_emb(z, position_ids)
+        for layer in self.layers:
+            z = layer(z, attention_mask=attention_mask, position_ids=position_ids, position_embeddings=position_embeddings)
+            z = z[0] if isinstance(z, tuple) else z
+        z = self.norm(z)
+        if self.out_proj is not None:
+            z = self.out_proj(z)
+        return z.to(hidden_states.dtype)
 
 
 class MRPModel(nn.Module):
@@ -42,6 +128,46 @@ class MRPModel(nn.Module):
         adapter = get_adapter(backbone, backbone_family=backbone_family, mask_token_id=mask_token_id)
         backbone.eval()
         return cls(backbone, adapter, head)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        head_name_or_path: str,
+        backbone: nn.Module | None = None,
+        strict: bool = True,
+        revision: str | None = None,
+        **backbone_kwargs: Any,
+    ) -> MRPModel:
+        """Load an MRP head (safetensors + config only) and attach it to its backbone.
+
+        With no `backbone`, the base model named in the head's config is loaded with `backbone_kwargs`
+        (`torch_dtype`, `device_map`, `trust_remote_code`, ...), at the recorded revision, plus the PEFT
+        adapter the config names. The backbone is then checked against the head (vocab, hidden size, mask
+        id, family, weight fingerprint): a mismatch raises `ValueError` naming both values; with
+        `strict=False` a fingerprint mismatch is only a warning.
+        """
+        head = MRPHead.from_pretrained(head_name_or_path, revision=revision, use_safetensors=True)
+        config = head.config
+        if backbone is None:
+            if not config.base_model_name_or_path:
+                raise ValueError(
+                    f"The head at {head_name_or_path!r} does not name its base model; pass backbone=<loaded model>."
+                )
+            backbone_kwargs.setdefault("revision", config.base_model_revision)
+            backbone = load_backbone(
+                config.base_model_name_or_path, backbone_family=config.backbone_family, **backbone_kwargs
+            )
+            if config.peft_adapter_id:
+                from peft import PeftModel
+
+                backbone = PeftModel.from_pretrained(backbone, config.peft_adapter_id)
+        model = cls.from_backbone(
+            backbone, head=head, backbone_family=config.backbone_family, mask_token_id=config.mask_token_id
+        )
+        check_head_matches_backbone(config, model.adapter, strict=strict)
+        head.to(device=model.device)
+        head.eval()
+        return model
 
     @classmethod
     def from_backbone_pretrained(
@@ -118,6 +244,53 @@ class MRPModel(nn.Module):
         output = DecodingEngine(self.adapter, config).run(input_ids, attention_mask, streamer=streamer)
         # 4. output
         return output if return_dict_in_generate else output.sequences
+
+
+def check_head_matches_backbone(config: MRPConfig, adapter: BackboneAdapter, strict: bool = True) -> None:
+    """Refuse a backbone the head was not trained for; each message names both values."""
+    from .configuration_mrp import backbone_fingerprint, fingerprints_match
+
+    checks = [
+        ("vocab size", config.vocab_size, adapter.vocab_size),
+        ("hidden size", config.hidden_size, adapter.hidden_size),
+        ("mask token id", config.mask_token_id, adapter.mask_token_id),
+    ]
+    for what, trained, found in checks:
+        if trained is not None and trained != found:
+            raise ValueError(
+                f"This MRP head was trained for {what} {trained}, but the backbone has {found}: load the base "
+                f"model it names ({config.base_model_name_or_path!r}) or train a head for this backbone."
+            )
+    if config.backbone_family and config.backbone_family != adapter.family:
+        raise ValueError(
+            f"This MRP head was trained on a {config.backbone_family!r} backbone, but this one is {adapter.family!r}."
+        )
+    if config.backbone_fingerprint:
+        found = backbone_fingerprint(adapter)
+        if not fingerprints_match(config.backbone_fingerprint, found):
+            message = (
+                f"The backbone's embedding/lm_head weights do not match the fingerprint recorded with this head "
+                f"(trained on {config.base_model_name_or_path!r} revision {config.base_model_revision!r}): "
+                f"expected {config.backbone_fingerprint[:4]}..., found {found[:4]}.... Use the recorded base model, "
+                f"or pass strict=False to attach it anyway."
+            )
+            if strict:
+                raise ValueError(message)
+            logger.warning(message)
+
+
+def attach(backbone: nn.Module, head: MRPHead | None = None, strict: bool = True, **kwargs: Any) -> nn.Module:
+    """Give a loaded backbone `generate(..., mrp_mode=...)` in place (PEFT-style) and return it.
+
+    The backbone's own `generate` stays reachable as `backbone.mrp.backbone.__class__.generate`; the wrapper
+    is `backbone.mrp`.
+    """
+    model = MRPModel.from_backbone(backbone, head=head, **kwargs)
+    if head is not None:
+        check_head_matches_backbone(head.config, model.adapter, strict=strict)
+    object.__setattr__(backbone, "mrp", model)  # not a submodule: saving the backbone must not save the head
+    backbone.generate = model.generate
+    return backbone
 
 
 def _explicit_fields(config: GenerationConfig) -> dict[str, Any]:

@@ -62,10 +62,9 @@ class BackboneAdapter:
         self.config = model.config
         self.mask_token_id = self._resolve_mask_token_id(mask_token_id)
         self.block_size = self._resolve_block_size()
-        self._forward_params = set(inspect.signature(model.forward).parameters)
-        self._forward_takes_kwargs = any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(model.forward).parameters.values()
-        )
+        # a PEFT wrapper forwards *args/**kwargs: read the signature of the model it wraps
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._forward_params = set(inspect.signature(inner.forward).parameters)
 
     # ------------------------------------------------------------------ matching
     @classmethod
