@@ -128,3 +128,28 @@ def test_head_modes_need_a_head_and_are_not_silently_run(sdar):
     model = MRPModel.from_backbone(sdar[1], mask_token_id=STAND_IN_MASK_ID)
     with pytest.raises(ValueError, match="needs an MRP head"):
         model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4, block_length=4, mrp_mode="speculative")
+
+
+def test_push_to_hub_sends_exactly_the_head_files_and_a_model_card(sdar, monkeypatch):
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    head, _ = head_for(sdar[1], base_model_name_or_path="org/sdar-tiny")
+    head.config.training = {"data": "chat.jsonl (1000 samples)", "steps": 300,
+                            "metrics": {"agreement": 0.61, "baseline_agreement": 0.42, "kl": 0.8, "baseline_kl": 1.3}}
+    sent = {}
+
+    def fake_create_commit(self, repo_id, operations, commit_message, **kwargs):
+        sent["repo"] = repo_id
+        sent["files"] = {op.path_in_repo: op for op in operations}
+        assert all(isinstance(op, CommitOperationAdd) for op in operations)
+        return "commit-info"
+
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: repo_id)
+    monkeypatch.setattr(HfApi, "create_commit", fake_create_commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    head.push_to_hub("me/sdar-tiny-mrp")
+    assert sent["repo"] == "me/sdar-tiny-mrp"
+    assert sorted(sent["files"]) == ["README.md", "config.json", "model.safetensors"]
+    card = head.model_card()
+    for text in ("base_model: org/sdar-tiny", "chat.jsonl (1000 samples)", "| training steps | 300 |", "0.6100", "0.4200"):
+        assert text in card
