@@ -8,11 +8,11 @@ from typing import Any
 import torch
 from transformers.utils import ModelOutput, logging
 
-from .._compat import crop_cache, select_cache_rows
-from ..backbones.base import BackboneAdapter
+from .._compat import cache_length, crop_cache, select_cache_rows
+from ..backbones.base import BackboneAdapter, BackboneOutput
 from .config import MRPGenerationConfig
 from .sampling import TokenProposer, row_keys
-from .strategies import DynamicStrategy, RevealStrategy, StaticStrategy
+from .strategies import BlockDecoder, DynamicStrategy, RevealStrategy, StaticStrategy, StepwiseDecoder
 
 logger = logging.get_logger(__name__)
 
@@ -46,6 +46,22 @@ class GenerationStats:
             "tokens_per_forward": self.tokens_per_forward,
             "mean_tokens_per_forward": self.mean_tokens_per_forward,
         }
+
+
+@dataclass
+class DecodingState:
+    """Everything a block decoder reads and writes for one batch; rows of `canvas` are all rows, `active`
+    indexes those still decoding (and, in that order, the rows of the KV cache)."""
+
+    canvas: torch.Tensor
+    canvas_mask: torch.Tensor
+    positions: torch.Tensor
+    keys: torch.Tensor
+    committed: torch.Tensor
+    active: torch.Tensor
+    cache: Any
+    stats: GenerationStats
+    width: int
 
 
 @dataclass
@@ -103,13 +119,20 @@ class DecodingEngine:
     4. Return the sequences and the stats.
     """
 
-    def __init__(self, adapter: BackboneAdapter, config: MRPGenerationConfig, strategy: RevealStrategy | None = None):
+    def __init__(
+        self,
+        adapter: BackboneAdapter,
+        config: MRPGenerationConfig,
+        strategy: RevealStrategy | None = None,
+        block_decoder: BlockDecoder | None = None,
+    ):
         self.adapter = adapter
         self.config = config
         self.mask_id = adapter.mask_token_id
         self.block_length = self._resolve_block_length()
         self.num_blocks = config.max_new_tokens // self.block_length
         self.strategy = strategy or self._default_strategy()
+        self.block_decoder = block_decoder or StepwiseDecoder(self.strategy)
         self.proposer = TokenProposer(config, self.mask_id)
         self.use_cache = self._resolve_cache()
         eos = config.eos_token_id
@@ -241,59 +264,38 @@ class DecodingEngine:
         positions = (torch.arange(width + new, device=device).unsqueeze(0) - offsets.unsqueeze(1)).clamp_min(0)
         self._check_positions(int(positions.max()) if adapter.accepts_position_ids else width + new - 1, prompt_len, new)
 
-        keys = row_keys(input_ids, prompt_mask)
-        committed = torch.zeros(batch, dtype=torch.long, device=device)
-        active = torch.arange(batch, device=device)
         stats = GenerationStats(row_backbone_forwards=[0] * batch, row_new_tokens=[0] * batch)
-        gen_index = torch.arange(new, device=device)
-        cache = self._new_cache()
+        state = DecodingState(
+            canvas=canvas,
+            canvas_mask=canvas_mask,
+            positions=positions,
+            keys=row_keys(input_ids, prompt_mask),
+            committed=torch.zeros(batch, dtype=torch.long, device=device),
+            active=torch.arange(batch, device=device),
+            cache=self._new_cache(),
+            stats=stats,
+            width=width,
+        )
         if streamer is not None:
             streamer.put(input_ids.cpu())
 
-        # 2. blocks
+        # 2. blocks: the block decoder (stepwise, or an MRP mode) fills each block
         for start, end in self._blocks(width):
-            if active.numel() == 0:
+            if state.active.numel() == 0:
                 break
-            block_positions = gen_index[start - width : end - width].unsqueeze(0)
-            step = 0
-            while True:
-                masked = canvas[active, start:end] == self.mask_id
-                has_work = masked.any(dim=1)
-                if not has_work.any():
-                    break
-                # 2.a backbone forward
-                logits, cache = self._forward(canvas, canvas_mask, positions, active, start, end, step, cache)
-                stats.backbone_forwards += 1
-                for row in active[has_work].tolist():
-                    stats.row_backbone_forwards[row] += 1
-                # 2.b proposals
-                tokens, confidence = self.proposer(
-                    logits, keys[active].unsqueeze(1), block_positions, committed[active].unsqueeze(1)
-                )
-                confidence = confidence.masked_fill(~masked, float("-inf"))
-                # 2.c reveal and commit
-                reveal = self.strategy.select(confidence, masked, step)
-                stalled = has_work & ~reveal.any(dim=1)
-                if stalled.any():
-                    raise RuntimeError(
-                        f"decoding stalled: no position revealed for rows {active[stalled].tolist()} "
-                        f"(confidences {confidence[stalled].tolist()}); the backbone's logits may contain NaN."
-                    )
-                canvas[active, start:end] = torch.where(reveal, tokens, canvas[active, start:end])
-                committed[active] += reveal.sum(dim=1)
-                step += 1
+            self.block_decoder.decode_block(self, state, start, end)
 
             # 3. EOS stop, streamer
-            for row in active.tolist():
+            for row in state.active.tolist():
                 stats.row_new_tokens[row] = end - width
-            finished = self._finish_rows(canvas, active, width, end)
+            finished = self._finish_rows(canvas, state.active, width, end)
             if streamer is not None:
                 streamer.put(canvas[0, start:end].cpu())
             if finished.any():
                 keep = (~finished).nonzero().squeeze(1)
-                if cache is not None and adapter.exact_prefix_cache:
-                    select_cache_rows(cache, keep)
-                active = active[keep]
+                if state.cache is not None and adapter.exact_prefix_cache:
+                    select_cache_rows(state.cache, keep)
+                state.active = state.active[keep]
 
         # 4. sequences and stats
         if streamer is not None:
@@ -317,8 +319,13 @@ class DecodingEngine:
 
         return DynamicCache()
 
-    def _forward(self, canvas, canvas_mask, positions, active, start, end, step, cache):
-        """One backbone forward for the current block; returns the block's aligned logits and the cache.
+    def forward(self, state: DecodingState, start: int, end: int, step: int, output_hidden_states: bool = False,
+                canvas: torch.Tensor | None = None, copies: int = 1) -> BackboneOutput:
+        """One counted backbone forward for the current block of every active row.
+
+        Returns the block's aligned logits (and hidden states when asked). `canvas` replaces the active rows'
+        canvas with `copies` candidate versions of each row, stacked row-major ([n * copies, T]): the
+        speculative verifier evaluates several candidate states of the block in this one forward.
 
         Without cache the input is the canvas up to the block end (block-causal: later blocks cannot be seen)
         or the whole canvas (bidirectional). With the exact block-causal cache the input starts at the first
@@ -326,29 +333,47 @@ class DecodingEngine:
         so in-block forwards never stay in it. With the approximate bidirectional cache the first step of a
         block refreshes the whole prefix and later steps feed only the block and what follows it.
         """
-        adapter = self.adapter
+        adapter, active = self.adapter, state.active
         shift = 1 if adapter.shifted_logits else 0
+        if canvas is None:
+            canvas = state.canvas[active]
+        canvas_mask = state.canvas_mask[active].repeat_interleave(copies, dim=0)
+        positions = state.positions[active].repeat_interleave(copies, dim=0)
         visible_end = end if adapter.block_causal else canvas.shape[1]
-        if cache is None:
-            in_start = 0
-        elif adapter.exact_prefix_cache:
-            in_start = cache.get_seq_length()
-        else:
-            if step == 0:
-                cache = self._new_cache()
-            in_start = cache.get_seq_length()
-        ids = canvas[active, in_start:visible_end]
+        cache = state.cache
+        if cache is not None and not adapter.exact_prefix_cache and step == 0:
+            cache = state.cache = self._new_cache()  # approximate cache: refreshed at each block's first step
+        in_start = cache_length(cache)
+        if cache is not None and copies > 1:
+            cache.batch_repeat_interleave(copies)
         out = adapter.forward(
-            ids,
-            attention_mask=canvas_mask[active, :visible_end],
-            position_ids=positions[active, in_start:visible_end],
+            canvas[:, in_start:visible_end],
+            attention_mask=canvas_mask[:, :visible_end],
+            position_ids=positions[:, in_start:visible_end],
             past_key_values=cache,
+            output_hidden_states=output_hidden_states,
             grid=self.grid,
         )
         if cache is not None:
             grid = self.grid or 1
             crop_cache(cache, min((start // grid) * grid, start - shift))
-        return out.logits[:, start - in_start : end - in_start], cache
+            if copies > 1:
+                select_cache_rows(cache, torch.arange(0, canvas.shape[0], copies, device=canvas.device))
+        state.stats.backbone_forwards += 1
+        has_work = (state.canvas[active, start:end] == self.mask_id).any(dim=1)
+        for row in active[has_work].tolist():
+            state.stats.row_backbone_forwards[row] += 1
+        block = slice(start - in_start, end - in_start)
+        hidden = out.hidden_states[:, block] if out.hidden_states is not None else None
+        return BackboneOutput(logits=out.logits[:, block], hidden_states=hidden)
+
+    def propose(self, state: DecodingState, logits: torch.Tensor, start: int, end: int,
+                masked: torch.Tensor, committed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and confidences for the block; confidence is -inf where nothing is masked."""
+        block_positions = torch.arange(start - state.width, end - state.width, device=logits.device).unsqueeze(0)
+        key = state.keys[state.active].repeat_interleave(logits.shape[0] // state.active.numel()).unsqueeze(1)
+        tokens, confidence = self.proposer(logits, key, block_positions, committed.unsqueeze(1))
+        return tokens, confidence.masked_fill(~masked, float("-inf"))
 
     def _finish_rows(self, canvas, active, width, end) -> torch.Tensor:
         """Rows (of `active`) whose answer so far holds an EOS: pad everything after their first EOS."""

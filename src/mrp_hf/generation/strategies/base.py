@@ -23,3 +23,48 @@ def top_k_positions(confidence: torch.Tensor, masked: torch.Tensor, k: torch.Ten
     ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
     k = torch.as_tensor(k, device=confidence.device).reshape(-1, 1) if not isinstance(k, int) else k
     return (ranks < k) & masked
+
+
+class BlockDecoder:
+    """Fills one block of every active row, using the engine's counted `forward` and `propose`.
+
+    The plain decoder below alternates one backbone forward and one reveal decision; MRP modes replace it.
+    """
+
+    def decode_block(self, engine, state, start: int, end: int) -> None:
+        raise NotImplementedError
+
+
+def stalled_rows_error(state, stalled: torch.Tensor, confidence: torch.Tensor) -> RuntimeError:
+    return RuntimeError(
+        f"decoding stalled: no position revealed for rows {state.active[stalled].tolist()} "
+        f"(confidences {confidence[stalled].tolist()}); the backbone's logits may contain NaN."
+    )
+
+
+class StepwiseDecoder(BlockDecoder):
+    """The backbone's own decoding: per step, a. one forward, b. proposals, c. the strategy's reveals."""
+
+    def __init__(self, strategy: RevealStrategy):
+        self.strategy = strategy
+
+    def decode_block(self, engine, state, start: int, end: int) -> None:
+        step = 0
+        while True:
+            active = state.active
+            masked = state.canvas[active, start:end] == engine.mask_id
+            has_work = masked.any(dim=1)
+            if not has_work.any():
+                return
+            # a. backbone forward
+            logits = engine.forward(state, start, end, step).logits
+            # b. proposals
+            tokens, confidence = engine.propose(state, logits, start, end, masked, state.committed[active])
+            # c. reveal and commit
+            reveal = self.strategy.select(confidence, masked, step)
+            stalled = has_work & ~reveal.any(dim=1)
+            if stalled.any():
+                raise stalled_rows_error(state, stalled, confidence)
+            state.canvas[active, start:end] = torch.where(reveal, tokens, state.canvas[active, start:end])
+            state.committed[active] += reveal.sum(dim=1)
+            step += 1
