@@ -270,6 +270,29 @@ class MRPModel(nn.Module):
         return getattr(self.backbone, "generation_config", None)
 
     # ------------------------------------------------------------------ generate
+    def _block_decoder(self, config: MRPGenerationConfig):
+        """The block decoder for `mrp_mode` (None: the backbone's own stepwise decoding)."""
+        if config.mrp_mode == "off":
+            return None
+        if self.head is None:
+            raise ValueError(
+                f"mrp_mode={config.mrp_mode!r} needs an MRP head, and this model has none; load one with "
+                f"MRPModel.from_pretrained(head_repo_or_path) or use mrp_mode='off'."
+            )
+        _check_head_block_length(config, self.head)
+        if config.mrp_mode == "speculative":
+            if config.threshold is not None or config.steps is not None or config.tokens_per_step != 1:
+                raise ValueError(
+                    "mrp_mode='speculative' is lossless against static decoding with one token per step: "
+                    "drop threshold, steps and tokens_per_step (got "
+                    f"threshold={config.threshold}, steps={config.steps}, tokens_per_step={config.tokens_per_step})."
+                )
+            from .generation.strategies import SpeculativeDecoder
+
+            return SpeculativeDecoder(self.head, config.mrp_draft_tokens)
+        raise NotImplementedError(f"mrp_mode={config.mrp_mode!r} is not implemented yet.")
+
+
     @torch.no_grad()
     def generate(
         self,
@@ -306,20 +329,25 @@ class MRPModel(nn.Module):
         if kwargs:
             config = build_generation_config(config, **kwargs)
         # 2. strategy
-        if config.mrp_mode in _HEAD_MODES:
-            if self.head is None:
-                raise ValueError(
-                    f"mrp_mode={config.mrp_mode!r} needs an MRP head, and this model has none; load one with "
-                    f"MRPModel.from_pretrained(head_repo_or_path) or use mrp_mode='off'."
-                )
-            raise NotImplementedError(f"mrp_mode={config.mrp_mode!r} is not implemented yet.")
+        block_decoder = self._block_decoder(config)
         # 3. block loop
         if input_ids.device != self.device:
             input_ids = input_ids.to(self.device)
             attention_mask = attention_mask.to(self.device) if attention_mask is not None else None
-        output = DecodingEngine(self.adapter, config).run(input_ids, attention_mask, streamer=streamer)
+        output = DecodingEngine(self.adapter, config, block_decoder=block_decoder).run(
+            input_ids, attention_mask, streamer=streamer
+        )
         # 4. output
         return output if return_dict_in_generate else output.sequences
+
+
+def _check_head_block_length(config: MRPGenerationConfig, head: MRPHead) -> None:
+    trained = head.config.block_length
+    if trained is not None and config.block_length is not None and config.block_length != trained:
+        raise ValueError(
+            f"This MRP head was trained with block_length={trained}, but generate() got block_length="
+            f"{config.block_length}; decode with block_length={trained} or train a head for {config.block_length}."
+        )
 
 
 def check_head_matches_backbone(config: MRPConfig, adapter: BackboneAdapter, strict: bool = True) -> None:

@@ -26,6 +26,18 @@ class GenerationStats:
     head_forwards: int = 0
     row_backbone_forwards: list[int] = field(default_factory=list)
     row_new_tokens: list[int] = field(default_factory=list)
+    #: speculative mode: acceptance_histogram[j] = verify rounds (per row) that accepted j drafts
+    acceptance_histogram: list[int] = field(default_factory=list)
+
+    def record_acceptance(self, accepted: list[int]) -> None:
+        for j in accepted:
+            if j >= len(self.acceptance_histogram):
+                self.acceptance_histogram += [0] * (j + 1 - len(self.acceptance_histogram))
+            self.acceptance_histogram[j] += 1
+
+    @property
+    def accepted_drafts(self) -> int:
+        return sum(j * count for j, count in enumerate(self.acceptance_histogram))
 
     @property
     def tokens_per_forward(self) -> list[float]:
@@ -43,6 +55,8 @@ class GenerationStats:
             "head_forwards": self.head_forwards,
             "row_backbone_forwards": list(self.row_backbone_forwards),
             "row_new_tokens": list(self.row_new_tokens),
+            "acceptance_histogram": list(self.acceptance_histogram),
+            "accepted_drafts": self.accepted_drafts,
             "tokens_per_forward": self.tokens_per_forward,
             "mean_tokens_per_forward": self.mean_tokens_per_forward,
         }
@@ -237,6 +251,8 @@ class DecodingEngine:
             part = self._run_batch(input_ids[rows, prompt_len - length :], prompt_mask[rows, prompt_len - length :], None)
             sequences[rows, prompt_len - length :] = part.sequences
             stats.backbone_forwards += part.stats.backbone_forwards
+            stats.head_forwards += part.stats.head_forwards
+            stats.record_acceptance([j for j, c in enumerate(part.stats.acceptance_histogram) for _ in range(c)])
             for i, row in enumerate(rows.tolist()):
                 stats.row_backbone_forwards[row] = part.stats.row_backbone_forwards[i]
                 stats.row_new_tokens[row] = part.stats.row_new_tokens[i]

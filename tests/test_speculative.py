@@ -1,0 +1,89 @@
+"""mrp_mode="speculative" is lossless: token for token the static one-token-per-step output."""
+
+import pytest
+import torch
+from conftest import STAND_IN_MASK_ID
+from test_engine_families import ALL_FAMILIES, tiny_masked_lm
+
+import mrp_hf
+from mrp_hf import MRPConfig, MRPHead, MRPModel
+
+
+@pytest.fixture(scope="module")
+def models(stand_in_models):
+    out = dict(stand_in_models)
+    out["bert"] = tiny_masked_lm("bert")
+    out["modernbert"] = tiny_masked_lm("modernbert")
+    return out
+
+
+def make_head(model, kind):
+    adapter = mrp_hf.get_adapter(model, mask_token_id=STAND_IN_MASK_ID)
+    torch.manual_seed(1)
+    head = MRPHead(MRPConfig.for_backbone(adapter, num_hidden_layers=1))
+    if kind == "random":  # a head that predicts something (often wrong): exercises rejections
+        with torch.no_grad():
+            head.norm.weight.fill_(1.0)
+            for p in head.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+    return head.eval()
+
+
+def batch(prompts):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+@pytest.mark.parametrize("head_kind", ["untrained", "random"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_speculative_equals_static(models, family, head_kind, temperature):
+    backbone = models[family]
+    head = make_head(backbone, head_kind)
+    plain = MRPModel.from_backbone(backbone, mask_token_id=STAND_IN_MASK_ID)
+    spec = MRPModel.from_backbone(backbone, head=head, mask_token_id=STAND_IN_MASK_ID)
+    ids, mask = batch([[5, 17, 33, 9, 60, 2, 71, 40], [9, 60, 2], [44, 45, 46, 47, 48]])
+    kwargs = dict(max_new_tokens=8, block_length=4, temperature=temperature, seed=7, return_dict_in_generate=True)
+    static = plain.generate(ids, attention_mask=mask, **kwargs)
+    out = spec.generate(ids, attention_mask=mask, mrp_mode="speculative", mrp_draft_tokens=3, **kwargs)
+    assert torch.equal(out.sequences, static.sequences)
+    stats = out.stats
+    # counted exactly: a head forward per draft step, each row's tokens = forwards + accepted drafts
+    assert stats.head_forwards >= 1
+    assert sum(stats.acceptance_histogram) >= 1
+    assert stats.backbone_forwards <= static.stats.backbone_forwards
+    assert stats.row_new_tokens == static.stats.row_new_tokens
+    assert all(a <= b for a, b in zip(stats.row_backbone_forwards, static.stats.row_backbone_forwards, strict=True))
+
+
+def test_counts_of_one_row(models):
+    backbone = models["sdar"]
+    spec = MRPModel.from_backbone(backbone, head=make_head(backbone, "untrained"), mask_token_id=STAND_IN_MASK_ID)
+    out = spec.generate(torch.tensor([[5, 17, 33, 9]]), max_new_tokens=8, block_length=4, mrp_mode="speculative",
+                        mrp_draft_tokens=2, return_dict_in_generate=True)
+    s = out.stats
+    # per block: one seed forward, then rounds; each round commits 1 exact pick + accepted drafts, and
+    # needs a verify forward unless the pick finished the block
+    rounds = sum(s.acceptance_histogram)  # verify rounds
+    assert s.row_new_tokens == [8]
+    assert s.backbone_forwards == 2 + rounds  # 2 blocks: one seed forward each
+    # tokens = exact picks + accepted drafts; every verify round follows one pick, plus at most one
+    # block-finishing pick per block that needs no verify
+    assert 0 <= 8 - s.accepted_drafts - rounds <= 2
+    assert s.head_forwards >= rounds
+    assert s.row_backbone_forwards == [s.backbone_forwards]
+
+
+def test_speculative_refuses_lossy_settings(models):
+    backbone = models["sdar"]
+    spec = MRPModel.from_backbone(backbone, head=make_head(backbone, "untrained"), mask_token_id=STAND_IN_MASK_ID)
+    ids = torch.tensor([[5, 17, 33, 9]])
+    with pytest.raises(ValueError, match="lossless"):
+        spec.generate(ids, max_new_tokens=8, block_length=4, mrp_mode="speculative", threshold=0.5)
+    with pytest.raises(ValueError, match="mrp_draft_tokens"):
+        spec.generate(ids, max_new_tokens=8, block_length=4, mrp_mode="speculative", mrp_draft_tokens=0)
+    spec.head.config.block_length = 4
+    with pytest.raises(ValueError, match="trained with block_length=4"):
+        spec.generate(ids, max_new_tokens=8, block_length=2, mrp_mode="speculative")
