@@ -290,7 +290,15 @@ class MRPModel(nn.Module):
             from .generation.strategies import SpeculativeDecoder
 
             return SpeculativeDecoder(self.head, config.mrp_draft_tokens)
-        raise NotImplementedError(f"mrp_mode={config.mrp_mode!r} is not implemented yet.")
+        if config.mrp_mode == "remask":
+            from .generation.strategies import RemaskDecoder
+
+            return RemaskDecoder(self.head, config.threshold, rule=config.remask_rule, delta=config.remask_delta)
+        from .generation.strategies import DirectDecoder
+
+        if config.threshold is not None:
+            raise ValueError("mrp_mode='direct' works in the static regime: drop threshold.")
+        return DirectDecoder(self.head, config.mrp_draft_tokens)
 
 
     @torch.no_grad()

@@ -58,6 +58,13 @@ class MRPGenerationConfig(GenerationConfig):
         own = {name: kwargs.pop(name, default) for name, default in _DEFAULTS.items()}
         if own["temperature"] is None:
             own["temperature"] = 0.0
+        asked = kwargs.get("do_sample")
+        if asked is not None and bool(asked) != (own["temperature"] > 0):
+            raise ValueError(
+                f"do_sample={asked} disagrees with temperature={own['temperature']}: here sampling is on exactly "
+                f"when temperature > 0. Pass temperature=<a value > 0> (e.g. 0.7) to sample, or temperature=0 "
+                f"(greedy) without do_sample."
+            )
         kwargs.setdefault("max_new_tokens", 128)
         kwargs["do_sample"] = own["temperature"] > 0
         super().__init__(**kwargs)
@@ -100,6 +107,13 @@ class MRPGenerationConfig(GenerationConfig):
             raise ValueError("mrp_mode='remask' works in the dynamic regime: pass a threshold (e.g. threshold=0.5).")
         if self.prefix_cache not in (None, True, False):
             raise ValueError(f"prefix_cache={self.prefix_cache!r} must be None (auto), True or False.")
+        for name in ("num_beams", "num_return_sequences"):  # GenerationConfig fields the engine would ignore
+            value = getattr(self, name, None)
+            if value is not None and value != 1:
+                raise ValueError(
+                    f"{name}={value!r} is not supported by masked-diffusion decoding (one answer per prompt, no "
+                    f"beams); remove it, or repeat the prompt in the batch with temperature > 0 for several answers."
+                )
 
     @property
     def is_sampling(self) -> bool:
@@ -129,12 +143,12 @@ def build_generation_config(base: GenerationConfig | None, **overrides: Any) -> 
     if base is not None:
         base_dict = base.to_dict()
         if base_dict.get("mrp_mode") is not None or isinstance(base, MRPGenerationConfig):
-            fields.update({k: v for k, v in base_dict.items() if not k.startswith("_")})
+            # do_sample is derived from the base's temperature; an override's do_sample is checked against it
+            fields.update({k: v for k, v in base_dict.items() if not k.startswith("_") and k != "do_sample"})
         else:
             for key in ("eos_token_id", "pad_token_id", "mask_token_id"):
                 if base_dict.get(key) is not None:
                     fields[key] = base_dict[key]
     fields.update({k: v for k, v in overrides.items() if v is not None or k in ("threshold", "block_length")})
-    for drop in ("transformers_version", "do_sample"):
-        fields.pop(drop, None)
+    fields.pop("transformers_version", None)
     return MRPGenerationConfig(**fields)

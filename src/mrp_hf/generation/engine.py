@@ -26,6 +26,9 @@ class GenerationStats:
     head_forwards: int = 0
     row_backbone_forwards: list[int] = field(default_factory=list)
     row_new_tokens: list[int] = field(default_factory=list)
+    #: remask mode: tokens proposed by the threshold rule, and proposals the head revoked
+    proposals: int = 0
+    revoked_reveals: int = 0
     #: speculative mode: acceptance_histogram[j] = verify rounds (per row) that accepted j drafts
     acceptance_histogram: list[int] = field(default_factory=list)
 
@@ -56,6 +59,8 @@ class GenerationStats:
             "row_backbone_forwards": list(self.row_backbone_forwards),
             "row_new_tokens": list(self.row_new_tokens),
             "acceptance_histogram": list(self.acceptance_histogram),
+            "proposals": self.proposals,
+            "revoked_reveals": self.revoked_reveals,
             "accepted_drafts": self.accepted_drafts,
             "tokens_per_forward": self.tokens_per_forward,
             "mean_tokens_per_forward": self.mean_tokens_per_forward,
@@ -252,6 +257,8 @@ class DecodingEngine:
             sequences[rows, prompt_len - length :] = part.sequences
             stats.backbone_forwards += part.stats.backbone_forwards
             stats.head_forwards += part.stats.head_forwards
+            stats.proposals += part.stats.proposals
+            stats.revoked_reveals += part.stats.revoked_reveals
             stats.record_acceptance([j for j, c in enumerate(part.stats.acceptance_histogram) for _ in range(c)])
             for i, row in enumerate(rows.tolist()):
                 stats.row_backbone_forwards[row] = part.stats.row_backbone_forwards[i]
@@ -390,6 +397,12 @@ class DecodingEngine:
         key = state.keys[state.active].repeat_interleave(logits.shape[0] // state.active.numel()).unsqueeze(1)
         tokens, confidence = self.proposer(logits, key, block_positions, committed.unsqueeze(1))
         return tokens, confidence.masked_fill(~masked, float("-inf"))
+
+    def confidence_of(self, state: DecodingState, logits: torch.Tensor, tokens: torch.Tensor, start: int, end: int):
+        """The proposer's confidence for given tokens of the block under other logits (e.g. head-corrected)."""
+        block_positions = torch.arange(start - state.width, end - state.width, device=logits.device).unsqueeze(0)
+        key = state.keys[state.active].unsqueeze(1)
+        return self.proposer.confidence_of(logits, tokens, key, block_positions, state.committed[state.active].unsqueeze(1))
 
     def _finish_rows(self, canvas, active, width, end) -> torch.Tensor:
         """Rows (of `active`) whose answer so far holds an EOS: pad everything after their first EOS."""

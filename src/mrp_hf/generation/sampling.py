@@ -30,17 +30,32 @@ def _combine(h: torch.Tensor, value: torch.Tensor | int) -> torch.Tensor:
     return _mix32((h * 0x9E3779B1 + value) & _MASK32)
 
 
+def _mix32_int(x: int) -> int:
+    """`_mix32` on a Python int: the same 32-bit result (Python ints do not wrap, the final mask keeps the low bits)."""
+    x &= _MASK32
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & _MASK32
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & _MASK32
+    return x ^ (x >> 16)
+
+
 def row_keys(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
-    """A 32-bit key per row from its real (unpadded) prompt tokens: batch composition does not change it."""
-    keys = torch.zeros(prompt_ids.shape[0], dtype=torch.long, device=prompt_ids.device)
-    lengths = prompt_mask.sum(dim=1)
-    for row in range(prompt_ids.shape[0]):
-        tokens = prompt_ids[row, prompt_ids.shape[1] - int(lengths[row]) :]
-        h = torch.tensor(int(lengths[row]), dtype=torch.long, device=prompt_ids.device)
-        for tok in tokens.tolist():
-            h = _combine(h, tok)
-        keys[row] = h
-    return keys
+    """A 32-bit key per row from its real (unpadded) prompt tokens: batch composition does not change it.
+
+    The key is `h = len; h = _combine(h, token)` over the row's real tokens, computed in Python ints: the
+    int64 tensor arithmetic of `_combine` keeps the same low 32 bits through wrap-around, so the keys are
+    bit-identical to the tensor version, without a handful of tiny tensor ops per prompt token.
+    """
+    lengths = prompt_mask.sum(dim=1).tolist()
+    rows = prompt_ids.tolist()
+    keys = []
+    for tokens, length in zip(rows, lengths, strict=True):
+        h = int(length)
+        for tok in tokens[len(tokens) - int(length) :]:
+            h = _mix32_int((h * 0x9E3779B1 + tok) & _MASK32)
+        keys.append(h)
+    return torch.tensor(keys, dtype=torch.long, device=prompt_ids.device)
 
 
 def keyed_uniform(
@@ -52,6 +67,39 @@ def keyed_uniform(
     h = _combine(h, position)
     h = _combine(h, committed)
     return (h.double() + 0.5) / 4294967296.0
+
+
+_ARGMAX_CHUNK = 128
+
+
+def _argmax_lastdim(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(dim=-1)`, index for index, faster on CPU.
+
+    torch's CPU argmax over the last dimension is not vectorised (a few ns per logit, the largest cost of a
+    greedy proposal for a large vocabulary) while `amax` is. So: the max of each chunk of `_ARGMAX_CHUNK`
+    logits, the first chunk whose max is the row's (argmax over vocab/128 values), argmax inside that chunk,
+    and a last look at the vocab % 128 tail. argmax returns the first maximal index and treats NaN as the
+    maximum (the first NaN wins); amax propagates NaN, so every step keeps both rules. Other devices, small
+    vocabularies and non-float tensors use argmax itself.
+    """
+    vocab = x.shape[-1]
+    chunk = _ARGMAX_CHUNK
+    if x.device.type != "cpu" or not x.is_floating_point() or vocab < 2 * chunk or x.dim() < 2:
+        return x.argmax(dim=-1)
+    head = vocab - vocab % chunk
+    chunks = x[..., :head].unflatten(-1, (head // chunk, chunk))
+    first_chunk = chunks.amax(dim=-1).argmax(dim=-1, keepdim=True)  # [..., 1]
+    inside = chunks.gather(-2, first_chunk.unsqueeze(-1).expand(*first_chunk.shape, chunk)).squeeze(-2)
+    best = first_chunk.squeeze(-1) * chunk + inside.argmax(dim=-1)
+    if head == vocab:
+        return best
+    tail = x[..., head:]
+    tail_best = tail.argmax(dim=-1)
+    best_value = x.gather(-1, best.unsqueeze(-1)).squeeze(-1)
+    tail_value = tail.gather(-1, tail_best.unsqueeze(-1)).squeeze(-1)
+    # the tail is later in the row: it wins only on a strictly larger value, or on NaN against a number
+    take_tail = (tail_value > best_value) | (tail_value.isnan() & ~best_value.isnan())
+    return torch.where(take_tail, tail_best + head, best)
 
 
 def _filter_logits(logits: torch.Tensor, config: MRPGenerationConfig) -> torch.Tensor:
@@ -83,11 +131,7 @@ class TokenProposer:
         Returns (tokens [n, L], confidence [n, L]).
         """
         cfg = self.config
-        logits = logits.float()
-        if self.mask_token_id is not None and self.mask_token_id < logits.shape[-1]:
-            # committing the mask token would leave the position masked forever
-            logits = logits.clone()
-            logits[..., self.mask_token_id] = float("-inf")
+        logits = self._without_mask_token(logits)
         if cfg.is_sampling:
             processed = _filter_logits(logits, cfg)
             probs = processed.softmax(dim=-1)
@@ -98,9 +142,27 @@ class TokenProposer:
             tokens = tokens.clamp_max(probs.shape[-1] - 1)
         else:
             probs = logits.softmax(dim=-1)
-            tokens = logits.argmax(dim=-1)
+            tokens = _argmax_lastdim(logits)
         confidence = self._confidence(probs, tokens, row_key, position, committed)
         return tokens, confidence
+
+    def confidence_of(
+        self, logits: torch.Tensor, tokens: torch.Tensor, row_key: torch.Tensor, position: torch.Tensor, committed: torch.Tensor
+    ) -> torch.Tensor:
+        """The confidence `__call__` gives `tokens` under `logits` (remask: the head-corrected logits)."""
+        logits = self._without_mask_token(logits)
+        probs = (_filter_logits(logits, self.config) if self.config.is_sampling else logits).softmax(dim=-1)
+        return self._confidence(probs, tokens, row_key, position, committed)
+
+    def _without_mask_token(self, logits: torch.Tensor) -> torch.Tensor:
+        """float32 logits where the mask token can never be drawn (it would leave its position masked forever)."""
+        source = logits
+        logits = logits.float()
+        if self.mask_token_id is not None and self.mask_token_id < logits.shape[-1]:
+            if logits is source:  # never write into the caller's tensor
+                logits = logits.clone()
+            logits[..., self.mask_token_id] = float("-inf")
+        return logits
 
     def _confidence(self, probs, tokens, row_key, position, committed) -> torch.Tensor:
         rule = self.config.confidence
