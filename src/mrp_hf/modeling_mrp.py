@@ -12,12 +12,16 @@ from transformers.utils import logging
 
 from .backbones import BackboneAdapter, get_adapter, load_backbone
 from .configuration_mrp import MRPConfig
-from .generation.config import MRPGenerationConfig, build_generation_config
+from .generation.config import _DEFAULTS, MRPGenerationConfig, build_generation_config
 from .generation.engine import DecodingEngine, MRPGenerateOutput
 
 logger = logging.get_logger(__name__)
 
 _HEAD_MODES = ("speculative", "remask", "direct")
+# generate()'s keyword arguments: our fields and the token ids; other GenerationConfig fields would be ignored
+_GENERATE_KWARGS = (set(_DEFAULTS) - {"mask_token_id"}) | {
+    "max_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id", "do_sample", "num_beams", "num_return_sequences",
+}
 
 
 class MRPHead(PreTrainedModel):
@@ -328,9 +332,17 @@ class MRPModel(nn.Module):
         `prefix_cache`, `mrp_mode`, `mrp_draft_tokens`, `eos_token_id`, `pad_token_id`.
         """
         # 1. configuration
-        unknown = set(kwargs) - set(MRPGenerationConfig().to_dict()) - {"mask_token_id"}
+        if "mask_token_id" in kwargs:
+            raise TypeError(
+                f"generate() does not take mask_token_id: the mask id is fixed when the model is built (now "
+                f"{self.adapter.mask_token_id}); pass it to MRPModel.from_backbone(...) or from_backbone_pretrained(...)."
+            )
+        unknown = set(kwargs) - _GENERATE_KWARGS
         if unknown:
-            raise TypeError(f"generate() got unknown arguments {sorted(unknown)}; see MRPGenerationConfig for the fields.")
+            raise TypeError(
+                f"generate() got unknown arguments {sorted(unknown)}; it takes the MRPGenerationConfig fields "
+                f"{sorted(_GENERATE_KWARGS)}."
+            )
         config = build_generation_config(self.generation_config)
         if generation_config is not None:
             config = build_generation_config(config, **_explicit_fields(generation_config))
@@ -339,6 +351,12 @@ class MRPModel(nn.Module):
         # 2. strategy
         block_decoder = self._block_decoder(config)
         # 3. block loop
+        for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask)):
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{name} must be a 2-D torch.Tensor [batch, prompt_len], got {type(value).__name__}; "
+                    f"tokenize with return_tensors='pt'."
+                )
         if input_ids.device != self.device:
             input_ids = input_ids.to(self.device)
             attention_mask = attention_mask.to(self.device) if attention_mask is not None else None

@@ -61,6 +61,7 @@ class BackboneAdapter:
         self.model = model
         self.config = model.config
         self.mask_token_id = self._resolve_mask_token_id(mask_token_id)
+        self._check_mask_token_id(explicit=mask_token_id is not None)
         self.block_size = self._resolve_block_size()
         # a PEFT wrapper forwards *args/**kwargs: read the signature of the model it wraps
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -92,6 +93,21 @@ class BackboneAdapter:
             f"{list(self.mask_token_id_fields)}. Pass mask_token_id=<id of the [MASK] token> "
             f"(e.g. tokenizer.mask_token_id), or backbone_family=<a supported family>."
         )
+
+    def _check_mask_token_id(self, explicit: bool) -> None:
+        """The mask id must index the input embedding (else torch.embedding fails with a bare IndexError)."""
+        embeddings = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
+        rows = getattr(getattr(embeddings, "weight", None), "shape", (None,))[0]
+        if rows is not None and not 0 <= self.mask_token_id < rows:
+            source = "" if explicit else (
+                f", {self.family}'s default (no mask id in the config, the generation config or a tokenizer beside "
+                f"the model)"
+            )
+            raise ValueError(
+                f"mask_token_id={self.mask_token_id}{source} is outside the vocabulary of this "
+                f"{type(self.model).__name__} ({rows} embeddings); pass mask_token_id=<id of the [MASK] token> "
+                f"(e.g. tokenizer.mask_token_id)."
+            )
 
     def _resolve_block_size(self) -> int | None:
         if not self.block_causal:

@@ -149,6 +149,8 @@ def build_generation_config(base: GenerationConfig | None, **overrides: Any) -> 
             for key in ("eos_token_id", "pad_token_id", "mask_token_id"):
                 if base_dict.get(key) is not None:
                     fields[key] = base_dict[key]
-    fields.update({k: v for k, v in overrides.items() if v is not None or k in ("threshold", "block_length")})
+    # an explicit None resets one of our fields (e.g. top_p=None undoes a model default); for the token ids
+    # and other GenerationConfig fields None means "not given"
+    fields.update({k: v for k, v in overrides.items() if v is not None or k in _DEFAULTS})
     fields.pop("transformers_version", None)
     return MRPGenerationConfig(**fields)

@@ -186,7 +186,8 @@ class DecodingEngine:
             if cfg.steps % self.num_blocks:
                 raise ValueError(
                     f"steps={cfg.steps} is not a multiple of the number of blocks ({self.num_blocks} = "
-                    f"max_new_tokens {cfg.max_new_tokens} / block_length {self.block_length})."
+                    f"max_new_tokens {cfg.max_new_tokens} / block_length {self.block_length}); use a multiple of "
+                    f"{self.num_blocks} (e.g. steps={max(1, cfg.steps // self.num_blocks) * self.num_blocks})."
                 )
             steps_per_block = cfg.steps // self.num_blocks
             if steps_per_block > self.block_length:
