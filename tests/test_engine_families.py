@@ -7,8 +7,7 @@ Only the keyed random numbers are imported, because they are part of the samplin
 
 import pytest
 import torch
-from conftest import EOS_ID, STAND_IN_MASK_ID
-from transformers import BertConfig, BertForMaskedLM, ModernBertConfig, ModernBertForMaskedLM
+from conftest import STAND_IN_MASK_ID
 
 import mrp_hf
 from mrp_hf.generation.sampling import STREAM_TOKEN, keyed_uniform, row_keys
@@ -72,32 +71,8 @@ def naive_decode(family, model, prompt, new_tokens, block_length, block_causal, 
     return seq
 
 
-def tiny_masked_lm(kind):
-    torch.manual_seed(0)
-    if kind == "bert":
-        cfg = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=256)
-        model = BertForMaskedLM(cfg)
-    else:
-        cfg = ModernBertConfig(
-            vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=256, pad_token_id=0, eos_token_id=EOS_ID, bos_token_id=1, cls_token_id=1, sep_token_id=2,
-        )
-        model = ModernBertForMaskedLM(cfg)
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    return model.eval()
-
-
 ALL_FAMILIES = ["llada", "dream", "sdar", "fast_dllm_v2", "llada2", "bert", "modernbert"]
 BLOCK_CAUSAL = {"sdar", "fast_dllm_v2", "llada2"}
-
-
-@pytest.fixture(scope="module")
-def models(stand_in_models):
-    out = dict(stand_in_models)
-    out["bert"] = tiny_masked_lm("bert")
-    out["modernbert"] = tiny_masked_lm("modernbert")
-    return out
 
 
 def wrap(family, model):

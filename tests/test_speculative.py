@@ -3,18 +3,10 @@
 import pytest
 import torch
 from conftest import STAND_IN_MASK_ID
-from test_engine_families import ALL_FAMILIES, tiny_masked_lm
+from test_engine_families import ALL_FAMILIES
 
 import mrp_hf
 from mrp_hf import MRPConfig, MRPHead, MRPModel
-
-
-@pytest.fixture(scope="module")
-def models(stand_in_models):
-    out = dict(stand_in_models)
-    out["bert"] = tiny_masked_lm("bert")
-    out["modernbert"] = tiny_masked_lm("modernbert")
-    return out
 
 
 def make_head(model, kind):
