@@ -1,8 +1,7 @@
 """`mrp-hf`: command-line entry point.
 
-Subcommands today: `families` (what each supported DLM family looks like to the engine) and `generate`
-(decode prompts with any supported backbone, from the Hub or a local folder). `demo`, `train`, `bench`,
-`eval` and `push` arrive with the head, reference-model and evaluation work.
+Subcommands today: `families`, `generate` (decode prompts with any supported backbone) and `train` (train an
+MRP head on a frozen backbone, see docs/training.md). `demo`, `bench`, `eval` and `push` arrive later.
 """
 
 from __future__ import annotations
@@ -102,6 +101,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mrp-hf", description="Multi-token Residual Prediction for diffusion LMs.")
     parser.add_argument("--version", action="version", version=f"mrp-hf {__version__}")
@@ -129,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device-map", default=None, help='e.g. "auto" or "cuda:0"')
     gen.add_argument("--json", action="store_true", help="one JSON object per answer")
     gen.set_defaults(func=_cmd_generate)
+
+    from .train import add_train_arguments
+
+    train = sub.add_parser("train", help="train an MRP head on a frozen DLM backbone (see docs/training.md)")
+    add_train_arguments(train)
+    train.set_defaults(func=_cmd_train)
     return parser
 
 

@@ -1,0 +1,499 @@
+"""`train_head`: train an MRP head on a frozen diffusion LM backbone with `accelerate`.
+
+The same code runs on one CPU, one GPU, or many GPUs under `accelerate launch -m mrp_hf.train` (DDP): the
+head, its optimizer, the data loader and the LR schedule go through `Accelerator.prepare`; the frozen
+backbone is only moved to the process's device (it has no gradients, so it needs no wrapper).
+
+Steps of `train_head` (the comments in the code repeat them):
+    1. Accelerator, seeds; the backbone (frozen, eval mode), its adapter, tokenizer and mask id.
+    2. Data: records -> samples -> rows (padding or packing), the held-out split, data loaders.
+    3. The head (`MRPConfig.for_backbone`), the objective, AdamW, cosine schedule with warm-up; `prepare`.
+    4. Resume from `output_dir/checkpoint` (weights, optimizer, schedule, RNG states, data position).
+    5. The loop: prepare targets (2 frozen backbone forwards, K + 1 with K chained steps), head forward,
+       backward, clip, step; progress bar; held-out evaluation and atomic checkpoints every N steps;
+       SIGINT / SIGTERM checkpoint and stop.
+    6. Final held-out evaluation; `head.save_pretrained(output_dir)` with the metrics in its config and in
+       `training_metrics.json`; the checkpoint is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers.utils import logging
+
+from ..backbones import get_adapter, load_backbone
+from ..configuration_mrp import MRPConfig
+from ..modeling_mrp import MRPHead
+from .checkpoint import find_checkpoint, load_checkpoint, remove_checkpoints, save_checkpoint
+from .config import MRPTrainingConfig
+from .data import (
+    EpochSampler,
+    RecordTokenizer,
+    RowBuilder,
+    RowCollator,
+    RowDataset,
+    describe_rows,
+    load_records,
+    split_records,
+)
+from .objective import AgreementMeter, HeadChain, MRPObjective
+
+logger = logging.get_logger(__name__)
+
+_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TrainingInterrupted(Exception):
+    """Raised by `train_head` after it checkpointed because of SIGINT / SIGTERM or `stop_after`."""
+
+    def __init__(self, step: int, checkpoint: str | None, reason: str):
+        super().__init__(f"training stopped at step {step} ({reason}); checkpoint: {checkpoint}. Resume with resume=True.")
+        self.step = step
+        self.checkpoint = checkpoint
+        self.reason = reason
+
+
+class _StopSignals:
+    """Turns SIGINT / SIGTERM into a flag checked at optimizer-step boundaries; a second signal acts at once."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals cannot be caught here
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            previous = self._previous.get(signum)
+            if callable(previous):
+                previous(signum, frame)
+            raise KeyboardInterrupt
+        self.received = signum
+        logger.warning(f"Received {signal.Signals(signum).name}: checkpointing after the current step, then stopping.")
+
+    def __exit__(self, *exc):
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        return False
+
+
+def _setup_backbone(backbone_or_path, tokenizer, config: MRPTrainingConfig):
+    """(model, base model id, tokenizer, mask id found beside the weights)."""
+    found_mask = None
+    if isinstance(backbone_or_path, (str, os.PathLike)):
+        path = str(backbone_or_path)
+        model, found_mask = load_backbone(
+            path,
+            backbone_family=config.backbone_family,
+            trust_remote_code=config.trust_remote_code,
+            revision=config.revision,
+            torch_dtype=_DTYPES[config.backbone_dtype],
+            device_map=config.backbone_device_map,
+            return_mask_token_id=True,
+        )
+        base_id = path
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path, revision=config.revision, trust_remote_code=config.trust_remote_code)
+            except Exception as err:  # pre-tokenized data needs none
+                logger.info(f"No tokenizer loaded from {path!r} ({type(err).__name__}); only pre-tokenized records will work.")
+    else:
+        model = backbone_or_path
+        base_id = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), trust_remote_code=config.trust_remote_code)
+    return model, base_id, tokenizer, found_mask
+
+
+def _resolve_block_length(adapter, config: MRPTrainingConfig) -> tuple[int, int | None]:
+    """(reveal block length, attention grid of block-causal families or None)."""
+    model_block = adapter.block_size
+    block_length = config.block_length or model_block or getattr(adapter, "default_block_length", None) or 32
+    if model_block is not None and (block_length > model_block or model_block % block_length):
+        raise ValueError(
+            f"block_length={block_length} does not fit {adapter.family}'s attention block of {model_block} tokens; "
+            f"use {model_block} or a divisor of it."
+        )
+    grid = (model_block or block_length) if adapter.block_causal else None
+    return block_length, grid
+
+
+def _token_id(*candidates) -> int | None:
+    for value in candidates:
+        if isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if isinstance(value, int) and value >= 0:
+            return value
+    return None
+
+
+def _lr_lambda(total: int, warmup: int, min_ratio: float, scale: int) -> Callable[[int], float]:
+    def schedule(scheduler_step: int) -> float:
+        step = scheduler_step / scale
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return schedule
+
+
+def train_head(
+    backbone_or_path: Any,
+    dataset: Any,
+    output_dir: str | os.PathLike,
+    *,
+    tokenizer: Any = None,
+    config: MRPTrainingConfig | None = None,
+    eval_dataset: Any = None,
+    on_step_end: Callable[[int, dict[str, Any]], None] | None = None,
+    **head_config_overrides: Any,
+) -> MRPHead:
+    """Train an MRP head for a frozen DLM backbone and save it (head only) to `output_dir`.
+
+    Args:
+        backbone_or_path: a loaded backbone (`PreTrainedModel`) or its Hub id / local folder.
+        dataset: JSONL path, local `datasets` folder, list of records or `datasets.Dataset` (see
+            `mrp_hf.training.data`).
+        output_dir: where the head (`config.json`, `model.safetensors`, `training_metrics.json`) and, while
+            training, the resumable `checkpoint/` go.
+        tokenizer: the backbone's tokenizer (object or path); loaded from `backbone_or_path` when it is a path.
+        config: an `MRPTrainingConfig` (defaults otherwise).
+        eval_dataset: held-out records (same forms as `dataset`); overrides `config.eval_dataset` and
+            `config.eval_fraction`.
+        on_step_end: called on every process after each optimizer step with (step, logs).
+        **head_config_overrides: extra `MRPConfig` fields (e.g. `intermediate_size=...`).
+
+    Returns the trained `MRPHead` (on the CPU, eval mode). Raises `TrainingInterrupted` after checkpointing
+    when stopped by SIGINT / SIGTERM or `config.stop_after`; rerun with `resume=True` to continue.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    config = config or MRPTrainingConfig()
+    output_dir = Path(output_dir)
+
+    # 1. accelerator, seeds, backbone
+    accelerator = Accelerator(mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum)
+    if accelerator.distributed_type.name in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        raise NotImplementedError(
+            f"{accelerator.distributed_type.name} shards the prepared model, which here is only the small MRP head: it "
+            f"would not shard the frozen backbone, and the checkpoints here save plain optimizer states. Use DDP "
+            f"(`accelerate config` -> multi-GPU); for a backbone larger than one GPU see docs/training.md."
+        )
+    set_seed(config.seed)
+    model, base_id, tokenizer, found_mask = _setup_backbone(backbone_or_path, tokenizer, config)
+    mask_id = _token_id(config.mask_token_id, getattr(tokenizer, "mask_token_id", None), found_mask)
+    adapter = get_adapter(model, backbone_family=config.backbone_family, mask_token_id=mask_id)
+    if not 0 <= adapter.mask_token_id < adapter.vocab_size:
+        raise ValueError(
+            f"mask token id {adapter.mask_token_id} is outside the backbone's vocabulary ({adapter.vocab_size}); "
+            f"pass mask_token_id=<the tokenizer's mask id>."
+        )
+    if config.backbone_device_map is None:
+        model.to(accelerator.device)
+    elif accelerator.num_processes > 1:
+        raise ValueError("backbone_device_map splits the backbone inside one process; do not combine it with several processes.")
+    model.eval()
+    model.requires_grad_(False)
+    block_length, grid = _resolve_block_length(adapter, config)
+
+    # 2. data
+    backbone_config = getattr(model, "config", None)
+    eos_id = _token_id(getattr(tokenizer, "eos_token_id", None), getattr(backbone_config, "eos_token_id", None))
+    pad_id = _token_id(getattr(tokenizer, "pad_token_id", None), eos_id, getattr(backbone_config, "pad_token_id", None), 0)
+    records, source = load_records(dataset)
+    if eval_dataset is None and config.eval_dataset:
+        eval_dataset = config.eval_dataset
+    if eval_dataset is not None:
+        eval_records, eval_source = load_records(eval_dataset)
+        train_records = records
+    else:
+        train_records, eval_records = split_records(records, config.eval_fraction, config.seed, config.eval_max_samples)
+        eval_source = f"{len(eval_records)} held out from {source}" if eval_records else None
+    to_ids = RecordTokenizer(tokenizer, append_eos=config.append_eos, chat_template=config.chat_template, eos_token_id=eos_id)
+    align = grid if (grid is not None and adapter.supports_padding) else 1
+    builder = RowBuilder(config.max_length, pad_id, align=align, packing=config.packing)
+    train_rows, dropped = builder.build(to_ids(r) for r in train_records)
+    eval_rows, _ = builder.build(to_ids(r) for r in eval_records)
+    if dropped:
+        logger.warning(f"{dropped} samples had no response token left after truncation to {config.max_length} and were dropped.")
+    if not train_rows:
+        raise ValueError(f"No training rows from {source}: every sample was empty or dropped.")
+    collator = RowCollator(pad_id, block_length, absolute_blocks=adapter.block_causal, pad_to=config.max_length if config.packing else None)
+    sampler = EpochSampler(len(train_rows), config.seed)
+    train_loader = DataLoader(
+        RowDataset(train_rows), batch_size=config.batch_size, sampler=sampler, collate_fn=collator,
+        num_workers=config.num_workers,
+    )
+    train_loader = accelerator.prepare(train_loader)
+    data_info = {
+        "source": source,
+        "format": _record_format(train_records),
+        "train": describe_rows(train_rows),
+        "eval": describe_rows(eval_rows) if eval_rows else None,
+        "eval_source": eval_source,
+        "max_length": config.max_length,
+        "packing": config.packing,
+    }
+
+    # 3. head, objective, optimizer, schedule
+    overrides = dict(head_config_overrides)
+    for name in ("num_hidden_layers", "head_hidden_size", "num_attention_heads"):
+        if getattr(config, name) is not None:
+            overrides.setdefault(name, getattr(config, name))
+    overrides.setdefault("block_length", block_length)
+    if config.revision is not None:
+        overrides.setdefault("base_model_revision", config.revision)
+    head_config = MRPConfig.for_backbone(adapter, base_model_name_or_path=base_id, **overrides)
+    set_seed(config.seed)
+    head = MRPHead(head_config)
+    chain = HeadChain(head)
+    objective = MRPObjective.from_config(adapter, config, block_length=block_length, grid=grid)
+    decay = [p for n, p in head.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in head.named_parameters() if p.ndim < 2]
+    optimizer = _adamw(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr, betas=config.adam_betas, eps=config.adam_eps,
+    )
+    steps_per_epoch = max(1, math.ceil(len(train_loader) / config.grad_accum))
+    total_steps = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
+    warmup = config.warmup_steps if config.warmup_steps is not None else int(config.warmup_ratio * total_steps)
+    scale = 1 if getattr(accelerator, "split_batches", False) else accelerator.num_processes
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(total_steps, warmup, config.min_lr_ratio, scale))
+    chain, optimizer, scheduler = accelerator.prepare(chain, optimizer, scheduler)
+    data_generator = torch.Generator().manual_seed(config.seed * 1_000_003 + 7919 * accelerator.process_index + 1)
+
+    # 4. resume
+    global_step, epoch, batches_done = 0, 0, 0
+    history: list[dict[str, Any]] = []
+    if config.resume:
+        found = find_checkpoint(output_dir)
+        if found is None:
+            logger.warning(f"resume=True but {output_dir} holds no checkpoint: starting from scratch.")
+        else:
+            state = load_checkpoint(found, accelerator, accelerator.unwrap_model(chain).head, optimizer, scheduler, data_generator)
+            _check_resume_config(state.get("config", {}), config)
+            if state.get("num_processes", accelerator.num_processes) != accelerator.num_processes:
+                logger.warning(
+                    f"The checkpoint was written by {state['num_processes']} processes and {accelerator.num_processes} "
+                    f"resume it: the data is sharded differently, so the run will not match an uninterrupted one."
+                )
+            global_step, epoch, batches_done = state["global_step"], state["epoch"], state["batches_in_epoch"]
+            history = state.get("history", [])
+            logger.info(f"Resumed from {found} at step {global_step} (epoch {epoch}, batch {batches_done}).")
+
+    def trainer_state() -> dict[str, Any]:
+        return {
+            "global_step": global_step,
+            "epoch": epoch,
+            "batches_in_epoch": batches_done,
+            "total_steps": total_steps,
+            "num_processes": accelerator.num_processes,
+            "config": config.to_dict(),
+            "history": history,
+        }
+
+    def checkpoint() -> str:
+        path = save_checkpoint(
+            accelerator, output_dir, accelerator.unwrap_model(chain).head, optimizer, scheduler, data_generator, trainer_state()
+        )
+        return str(path)
+
+    def evaluate() -> dict[str, Any] | None:
+        if not eval_rows:
+            return None
+        metrics = _evaluate(accelerator, chain, objective, eval_rows, collator, config)
+        metrics["step"] = global_step
+        history.append(metrics)
+        if accelerator.is_main_process:
+            logger.info(
+                f"step {global_step}: held-out agreement {metrics['agreement']:.4f} (C=0: {metrics['baseline_agreement']:.4f}), "
+                f"KL {metrics['kl']:.4f} (C=0: {metrics['baseline_kl']:.4f})"
+            )
+        return metrics
+
+    # 5. the loop
+    progress = tqdm(
+        total=total_steps, initial=global_step, desc="mrp train", dynamic_ncols=True,
+        disable=config.disable_progress or not accelerator.is_local_main_process,
+    )
+    run_steps = 0
+    window_loss, window_count = None, 0
+    last_logs: dict[str, Any] = {}
+    start_time = time.perf_counter()
+    stop_reason: str | None = None
+    with _StopSignals() as signals:
+        while global_step < total_steps and stop_reason is None:
+            loader = accelerator.skip_first_batches(train_loader, batches_done) if batches_done else train_loader
+            loader.set_epoch(epoch)  # accelerate passes it on to our sampler: the epoch fixes the data order
+            sampler.set_epoch(epoch)
+            chain.train()
+            for batch in loader:
+                with accelerator.accumulate(chain):
+                    with accelerator.autocast():
+                        prepared = objective.prepare(batch, data_generator)
+                        loss = objective.loss(chain, prepared)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and config.max_grad_norm:
+                        accelerator.clip_grad_norm_(chain.parameters(), config.max_grad_norm)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad()
+                batches_done += 1
+                window_loss = loss.detach() if window_loss is None else window_loss + loss.detach()  # no sync per batch
+                window_count += 1
+                if not accelerator.sync_gradients:
+                    continue
+                # one optimizer step done
+                global_step += 1
+                run_steps += 1
+                last_logs = {"loss": float(window_loss) / window_count, "lr": scheduler.get_last_lr()[0]}
+                window_loss, window_count = None, 0
+                progress.update(1)
+                if global_step % max(1, config.logging_every) == 0 or global_step == total_steps:
+                    progress.set_postfix(loss=f"{last_logs['loss']:.4f}", lr=f"{last_logs['lr']:.2e}")
+                if on_step_end is not None:
+                    on_step_end(global_step, dict(last_logs))
+                if global_step >= total_steps:  # done: the final evaluation and save follow
+                    break
+                if config.eval_every and global_step % config.eval_every == 0:
+                    evaluate()
+                    chain.train()
+                if _any_process(accelerator, signals.received is not None):
+                    stop_reason = signal.Signals(signals.received or signal.SIGTERM).name
+                elif config.stop_after is not None and run_steps >= config.stop_after:
+                    stop_reason = f"stop_after={config.stop_after}"
+                if stop_reason is not None or (config.save_every and global_step % config.save_every == 0):
+                    checkpoint()
+                if stop_reason is not None:
+                    break
+            else:
+                epoch += 1
+                batches_done = 0
+            if hasattr(loader, "end"):  # leaving a loader early: tell accelerate it is no longer iterated
+                loader.end()
+    progress.close()
+    if stop_reason is not None:
+        path = str(output_dir / "checkpoint")
+        raise TrainingInterrupted(global_step, path, stop_reason)
+
+    # 6. final evaluation and the head-only artifact
+    final = evaluate()
+    seconds = time.perf_counter() - start_time
+    head = accelerator.unwrap_model(chain).head
+    training = {
+        "objective": config.objective,
+        "k_steps": config.k_steps,
+        "reveal_per_block": config.reveal_per_block,
+        "reveal_max": config.reveal_max,
+        "reveal_order": config.reveal_order,
+        "mask_eps": config.mask_eps,
+        "block_length": block_length,
+        "attention_grid": grid,
+        "steps": global_step,
+        "epochs": round(global_step / steps_per_epoch, 4),
+        "batch_size": config.batch_size,
+        "grad_accum": config.grad_accum,
+        "num_processes": accelerator.num_processes,
+        "global_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,
+        "lr": config.lr,
+        "seed": config.seed,
+        "mixed_precision": config.mixed_precision,
+        "data": data_info,
+        "final_train_loss": last_logs.get("loss"),
+        "metrics": final,
+    }
+    head.config.training = training
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        head.save_pretrained(str(output_dir))
+        (output_dir / "training_metrics.json").write_text(
+            json.dumps({"final": final, "history": history, "train_loss": last_logs.get("loss"),
+                        "seconds_this_run": round(seconds, 2)}, indent=2) + "\n"
+        )
+        if not config.keep_checkpoint:
+            remove_checkpoints(output_dir)
+    accelerator.wait_for_everyone()
+    return head.to("cpu").eval()
+
+
+def _adamw(groups, **kwargs) -> torch.optim.AdamW:
+    """AdamW, fused (one kernel for all parameters) where this torch supports it for these parameters."""
+    try:
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(groups, **kwargs)
+
+
+def _any_process(accelerator, flag: bool) -> bool:
+    if accelerator.num_processes == 1:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(value, reduction="sum").item() > 0)
+
+
+@torch.no_grad()
+def _evaluate(accelerator, chain, objective: MRPObjective, rows, collator, config: MRPTrainingConfig) -> dict[str, Any]:
+    """Held-out metrics with a fixed noise seed (the same masks and reveals at every evaluation)."""
+    model = accelerator.unwrap_model(chain)
+    was_training = model.training
+    model.eval()
+    meter = AgreementMeter(objective.k_steps)
+    shard = rows[accelerator.process_index :: accelerator.num_processes]
+    generator = torch.Generator().manual_seed(config.seed * 7 + 104_729 + accelerator.process_index)
+    size = config.eval_batch_size or config.batch_size
+    for i in range(0, len(shard), size):
+        batch = {k: v.to(accelerator.device) for k, v in collator(shard[i : i + size]).items()}
+        with accelerator.autocast():
+            prepared = objective.prepare(batch, generator, keep_base_logits=True)
+            logits = objective.step_logits(model, prepared)
+        meter.update(objective, logits, prepared)
+    sums = meter.sums
+    if accelerator.num_processes > 1:
+        sums = accelerator.reduce(sums.to(accelerator.device), reduction="sum").cpu()
+    model.train(was_training)
+    return meter.result(sums)
+
+
+def _record_format(records: list[dict[str, Any]]) -> str:
+    if not records:
+        return "empty"
+    keys = set(records[0])
+    if "messages" in keys:
+        return "messages"
+    if "prompt_ids" in keys:
+        return "token ids"
+    return "prompt/response"
+
+
+def _check_resume_config(saved: dict[str, Any], config: MRPTrainingConfig) -> None:
+    current = config.to_dict()
+    changed = [
+        f"{name}: {saved[name]!r} -> {current[name]!r}"
+        for name in MRPTrainingConfig.RESUME_FIELDS
+        if name in saved and saved[name] != current[name]
+    ]
+    if changed:
+        logger.warning("Resuming with a different training config; the run will not match an uninterrupted one: " + "; ".join(changed))
