@@ -371,3 +371,13 @@ def test_train_flags_map_onto_the_config():
     )
     with pytest.raises(ValueError, match="objective"):
         MRPTrainingConfig(objective="mse")
+
+
+def test_head_attends_within_its_reveal_block_as_in_decoding():
+    from mrp_hf.training.objective import block_local_mask
+
+    groups = torch.tensor([[-1, -1, 0, 0, 1, 1, -1]])
+    mask = block_local_mask(groups)[0, 0]
+    assert mask[2].tolist() == [False, False, True, True, False, False, False]
+    assert mask[5].tolist() == [False, False, False, False, True, True, False]
+    assert mask[0].tolist() == [True] + [False] * 6  # prompt and pads: themselves only

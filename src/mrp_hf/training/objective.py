@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..backbones.base import BackboneAdapter, allowed_keys
+from ..backbones.base import BackboneAdapter
 
 
 class HeadChain(nn.Module):
@@ -75,6 +75,18 @@ class Prepared:
     num_samples: int
     noisy_ids: torch.Tensor  # x_t
     masked: torch.Tensor  # masked in x_t
+
+
+def block_local_mask(groups: torch.Tensor) -> torch.Tensor:
+    """Bool [B, 1, L, L]: the head's attention in training, as in decoding.
+
+    At decoding time the head runs on the current block only (h_A already carries the prefix), so in
+    training each response position attends to the positions of its own reveal block and nothing else;
+    positions outside responses (prompt, pads) attend to themselves only, which keeps their rows finite.
+    """
+    same_block = (groups.unsqueeze(2) == groups.unsqueeze(1)) & (groups >= 0).unsqueeze(2)
+    diagonal = torch.eye(groups.shape[1], dtype=torch.bool, device=groups.device).unsqueeze(0)
+    return (same_block | diagonal).unsqueeze(1)
 
 
 def kl_per_position(target_logits: torch.Tensor, logits: torch.Tensor, chunk_elements: int = 1 << 26) -> torch.Tensor:
@@ -226,7 +238,7 @@ class MRPObjective:
             )
             current_logits = target
         embeds = [self.embed(step.ids.to(self.embed.weight.device)).to(device) for step in steps]
-        head_mask = allowed_keys(attention, ids.shape[1], self.grid)
+        head_mask = block_local_mask(groups)
         if positions is None:
             positions = torch.arange(ids.shape[1], device=device).unsqueeze(0).expand(ids.shape[0], -1)
         return Prepared(
