@@ -153,3 +153,46 @@ def test_push_to_hub_sends_exactly_the_head_files_and_a_model_card(sdar, monkeyp
     card = head.model_card()
     for text in ("base_model: org/sdar-tiny", "chat.jsonl (1000 samples)", "| training steps | 300 |", "0.6100", "0.4200"):
         assert text in card
+
+
+def test_head_by_repo_id_from_a_hub_cache_offline(tmp_path, monkeypatch):
+    from test_loading import _hub_cache, _offline_in_process
+
+    _offline_in_process(monkeypatch)
+    backbone_dir = save_stand_in("sdar", tmp_path / "backbone")
+    backbone = mrp_hf.load_backbone(str(backbone_dir), trust_remote_code=True)
+    head, _ = head_for(backbone, base_model_name_or_path="tiny-org/tiny-sdar")
+    head.save_pretrained(tmp_path / "head")
+    cache = tmp_path / "cache"
+    _hub_cache(backbone_dir, cache, repo_id="tiny-org/tiny-sdar")
+    _hub_cache(tmp_path / "head", cache, repo_id="tiny-org/tiny-sdar-mrp")
+    model = MRPModel.from_pretrained(
+        "tiny-org/tiny-sdar-mrp", trust_remote_code=True, cache_dir=str(cache), local_files_only=True
+    )
+    assert model.adapter.family == "sdar" and model.adapter.mask_token_id == STAND_IN_MASK_ID
+    ids = torch.tensor([[5, 17, 33, 9]])
+    expected = MRPModel.from_backbone(backbone, mask_token_id=STAND_IN_MASK_ID).generate(ids, max_new_tokens=8, block_length=4)
+    assert torch.equal(model.generate(ids, max_new_tokens=8, block_length=4), expected)
+
+
+def test_head_names_a_peft_adapter_that_is_loaded_on_the_backbone(tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    backbone_dir = save_stand_in("sdar", tmp_path / "backbone")
+    base = mrp_hf.load_backbone(str(backbone_dir), trust_remote_code=True)
+    torch.manual_seed(3)
+    lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    adapted = PeftModel.from_pretrained(mrp_hf.load_backbone(str(backbone_dir), trust_remote_code=True), tmp_path / "adapter")
+    head, _ = head_for(adapted, base_model_name_or_path=str(backbone_dir), peft_adapter_id=str(tmp_path / "adapter"))
+    head.save_pretrained(tmp_path / "head")
+    model = MRPModel.from_pretrained(str(tmp_path / "head"), trust_remote_code=True)
+    assert isinstance(model.backbone, PeftModel)
+    ids = torch.tensor([[5, 17, 33, 9]])
+    with_adapter = MRPModel.from_backbone(adapted, mask_token_id=STAND_IN_MASK_ID).generate(ids, max_new_tokens=8, block_length=4)
+    without = MRPModel.from_backbone(
+        mrp_hf.load_backbone(str(backbone_dir), trust_remote_code=True), mask_token_id=STAND_IN_MASK_ID
+    ).generate(ids, max_new_tokens=8, block_length=4)
+    out = model.generate(ids, max_new_tokens=8, block_length=4)
+    assert torch.equal(out, with_adapter)
+    assert not torch.equal(with_adapter, without)  # the adapter really changes the backbone

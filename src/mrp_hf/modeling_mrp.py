@@ -18,6 +18,8 @@ from .generation.engine import DecodingEngine, MRPGenerateOutput
 logger = logging.get_logger(__name__)
 
 _HEAD_MODES = ("speculative", "remask", "direct")
+# where to find files: passed to the head's, the backbone's and the PEFT adapter's loading alike
+_HUB_KWARGS = ("cache_dir", "local_files_only", "token", "force_download", "proxies")
 # generate()'s keyword arguments: our fields and the token ids; other GenerationConfig fields would be ignored
 _GENERATE_KWARGS = (set(_DEFAULTS) - {"mask_token_id"}) | {
     "max_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id", "do_sample", "num_beams", "num_return_sequences",
@@ -226,7 +228,8 @@ class MRPModel(nn.Module):
         id, family, weight fingerprint): a mismatch raises `ValueError` naming both values; with
         `strict=False` a fingerprint mismatch is only a warning.
         """
-        head = MRPHead.from_pretrained(head_name_or_path, revision=revision, use_safetensors=True)
+        hub_kwargs = {k: backbone_kwargs[k] for k in _HUB_KWARGS if k in backbone_kwargs}
+        head = MRPHead.from_pretrained(head_name_or_path, revision=revision, use_safetensors=True, **hub_kwargs)
         config = head.config
         if backbone is None:
             if not config.base_model_name_or_path:
@@ -240,7 +243,7 @@ class MRPModel(nn.Module):
             if config.peft_adapter_id:
                 from peft import PeftModel
 
-                backbone = PeftModel.from_pretrained(backbone, config.peft_adapter_id)
+                backbone = PeftModel.from_pretrained(backbone, config.peft_adapter_id, **hub_kwargs)
         model = cls.from_backbone(
             backbone, head=head, backbone_family=config.backbone_family, mask_token_id=config.mask_token_id
         )
