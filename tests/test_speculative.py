@@ -79,3 +79,30 @@ def test_speculative_refuses_lossy_settings(models):
     spec.head.config.block_length = 4
     with pytest.raises(ValueError, match="trained with block_length=4"):
         spec.generate(ids, max_new_tokens=8, block_length=2, mrp_mode="speculative")
+
+
+def test_speculative_with_a_trained_head_is_still_exact_and_accepts_more(tmp_path):
+    """A head trained by the project's own pipeline: exactness holds, and it drafts better than C = 0."""
+    from stand_ins import save_stand_in
+    from test_training import fast_config, synthetic_records
+
+    from mrp_hf.training import train_head
+
+    path = save_stand_in("sdar", tmp_path / "sdar")
+    config = fast_config(max_steps=120, batch_size=16, num_hidden_layers=2, lr=3e-3, block_length=4, eval_fraction=0.1)
+    trained = train_head(str(path), synthetic_records(400), tmp_path / "head", config=config).eval()
+    backbone = mrp_hf.load_backbone(str(path), trust_remote_code=True)
+    plain = MRPModel.from_backbone(backbone, mask_token_id=STAND_IN_MASK_ID)
+    ids, mask = batch([[5, 17, 33, 9, 60, 2, 71, 40], [9, 60, 2], [44, 45, 46, 47, 48]])
+    kwargs = dict(max_new_tokens=16, block_length=4, return_dict_in_generate=True)
+    static = plain.generate(ids, attention_mask=mask, **kwargs)
+    accepted = {}
+    for name, head in (("trained", trained), ("untrained", make_head(backbone, "untrained"))):
+        spec = MRPModel.from_backbone(backbone, head=head, mask_token_id=STAND_IN_MASK_ID)
+        for temperature in (0.0, 0.8):
+            out = spec.generate(ids, attention_mask=mask, mrp_mode="speculative", temperature=temperature, seed=4, **kwargs)
+            reference = static if temperature == 0 else plain.generate(ids, attention_mask=mask, temperature=0.8, seed=4, **kwargs)
+            assert torch.equal(out.sequences, reference.sequences), (name, temperature)
+            if temperature == 0:
+                accepted[name] = out.stats.accepted_drafts
+    assert accepted["trained"] >= accepted["untrained"], accepted
