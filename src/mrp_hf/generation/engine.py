@@ -359,10 +359,14 @@ class DecodingEngine:
         """
         adapter, active = self.adapter, state.active
         shift = 1 if adapter.shifted_logits else 0
+        every_row = active.numel() == state.canvas.shape[0]  # the common case: skip the row gathers
         if canvas is None:
-            canvas = state.canvas[active]
-        canvas_mask = state.canvas_mask[active].repeat_interleave(copies, dim=0)
-        positions = state.positions[active].repeat_interleave(copies, dim=0)
+            canvas = state.canvas if every_row else state.canvas[active]
+        canvas_mask = state.canvas_mask if every_row else state.canvas_mask[active]
+        positions = state.positions if every_row else state.positions[active]
+        if copies > 1:
+            canvas_mask = canvas_mask.repeat_interleave(copies, dim=0)
+            positions = positions.repeat_interleave(copies, dim=0)
         visible_end = end if adapter.block_causal else canvas.shape[1]
         cache = state.cache
         if cache is not None and not adapter.exact_prefix_cache and step == 0:
