@@ -119,13 +119,6 @@ class MRPGenerationConfig(GenerationConfig):
     def is_sampling(self) -> bool:
         return self.temperature > 0
 
-    def resolved_block_length(self, model_block_size: int | None) -> int:
-        if self.block_length is not None:
-            return int(self.block_length)
-        if model_block_size is not None and self.max_new_tokens % model_block_size == 0:
-            return model_block_size
-        return min(32, self.max_new_tokens) if self.max_new_tokens % min(32, self.max_new_tokens) == 0 else self.max_new_tokens
-
 
 def _positive_int(name: str, value: Any, hint: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
