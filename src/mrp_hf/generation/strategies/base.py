@@ -36,6 +36,19 @@ class BlockDecoder:
     def decode_block(self, engine, state, start: int, end: int) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def forward_steps(engine, state, start: int, end: int):
+        """While a row still has masked positions in the block: one backbone forward (with the lm_head's input)
+        per step. Yields (step, block ids [n, L], masked [n, L], BackboneOutput); the caller commits."""
+        step = 0
+        while True:
+            block = state.canvas[state.active, start:end]
+            masked = block == engine.mask_id
+            if not masked.any():
+                return
+            yield step, block, masked, engine.forward(state, start, end, step, output_hidden_states=True)
+            step += 1
+
 
 def stalled_rows_error(state, stalled: torch.Tensor, confidence: torch.Tensor) -> RuntimeError:
     return RuntimeError(

@@ -20,14 +20,8 @@ class DirectDecoder(BlockDecoder):
     @torch.no_grad()
     def decode_block(self, engine, state, start: int, end: int) -> None:
         embed, lm_head = engine.adapter.get_input_embeddings(), engine.adapter.get_output_embeddings()
-        step = 0
-        while True:
+        for _step, block, masked, out in self.forward_steps(engine, state, start, end):
             active = state.active
-            block = state.canvas[active, start:end]
-            masked = block == engine.mask_id
-            if not masked.any():
-                return
-            out = engine.forward(state, start, end, step, output_hidden_states=True)
             logits, acc = out.logits, out.hidden_states
             positions = state.positions[active, start:end]
             for k in range(self.draft_tokens + 1):
@@ -43,4 +37,3 @@ class DirectDecoder(BlockDecoder):
                 if not masked.any():
                     break
             state.canvas[active, start:end] = block
-            step += 1

@@ -31,14 +31,8 @@ class RemaskDecoder(BlockDecoder):
     @torch.no_grad()
     def decode_block(self, engine, state, start: int, end: int) -> None:
         embed, lm_head = engine.adapter.get_input_embeddings(), engine.adapter.get_output_embeddings()
-        step = 0
-        while True:
+        for step, block, masked, out in self.forward_steps(engine, state, start, end):
             active = state.active
-            block = state.canvas[active, start:end]
-            masked = block == engine.mask_id
-            if not masked.any():
-                return
-            out = engine.forward(state, start, end, step, output_hidden_states=True)
             tokens, confidence = engine.propose(state, out.logits, start, end, masked, state.committed[active])
             proposed = self.proposer_rule.select(confidence, masked, step)
             # one head forward predicts the logits after the proposals are revealed
@@ -66,4 +60,3 @@ class RemaskDecoder(BlockDecoder):
             state.stats.revoked_reveals += int((proposed & ~keep).sum())
             state.canvas[active, start:end] = torch.where(keep, tokens, block)
             state.committed[active] += keep.sum(dim=1)
-            step += 1
