@@ -344,7 +344,7 @@ class DecodingEngine:
         return DynamicCache()
 
     def forward(self, state: DecodingState, start: int, end: int, step: int, output_hidden_states: bool = False,
-                canvas: torch.Tensor | None = None, copies: int = 1) -> BackboneOutput:
+                canvas: torch.Tensor | None = None, copies: int = 1, has_work: torch.Tensor | None = None) -> BackboneOutput:
         """One counted backbone forward for the current block of every active row.
 
         Returns the block's aligned logits (and hidden states when asked). `canvas` replaces the active rows'
@@ -388,9 +388,10 @@ class DecodingEngine:
             if copies > 1:
                 select_cache_rows(cache, torch.arange(0, canvas.shape[0], copies, device=canvas.device))
         state.stats.backbone_forwards += 1
-        has_work = (state.canvas[active, start:end] == self.mask_id).any(dim=1)
-        for row in active[has_work].tolist():
-            state.stats.row_backbone_forwards[row] += 1
+        if has_work is None:  # rows that still had masked positions in the block: the forward was for them
+            has_work = (state.canvas[active, start:end] == self.mask_id).any(dim=1)
+        for row, work in zip(active.tolist(), has_work.tolist(), strict=True):
+            state.stats.row_backbone_forwards[row] += work
         block = slice(start - in_start, end - in_start)
         hidden = out.hidden_states[:, block] if out.hidden_states is not None else None
         return BackboneOutput(logits=out.logits[:, block], hidden_states=hidden)

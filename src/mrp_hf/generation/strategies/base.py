@@ -72,7 +72,7 @@ class StepwiseDecoder(BlockDecoder):
             if not has_work.any():
                 return
             # a. backbone forward
-            logits = engine.forward(state, start, end, step).logits
+            logits = engine.forward(state, start, end, step, has_work=has_work).logits
             # b. proposals
             tokens, confidence = engine.propose(state, logits, start, end, masked, state.committed[active])
             # c. reveal and commit
@@ -80,6 +80,11 @@ class StepwiseDecoder(BlockDecoder):
             stalled = has_work & ~reveal.any(dim=1)
             if stalled.any():
                 raise stalled_rows_error(state, stalled, confidence)
-            state.canvas[active, start:end] = torch.where(reveal, tokens, state.canvas[active, start:end])
-            state.committed[active] += reveal.sum(dim=1)
+            if active.numel() == state.canvas.shape[0]:  # every row active: write in place, no index gathers
+                window = state.canvas[:, start:end]
+                window.copy_(torch.where(reveal, tokens, window))
+                state.committed += reveal.sum(dim=1)
+            else:
+                state.canvas[active, start:end] = torch.where(reveal, tokens, state.canvas[active, start:end])
+                state.committed[active] += reveal.sum(dim=1)
             step += 1
