@@ -38,6 +38,18 @@ class GenerationStats:
                 self.acceptance_histogram += [0] * (j + 1 - len(self.acceptance_histogram))
             self.acceptance_histogram[j] += 1
 
+    def merge(self, part: GenerationStats, rows: list[int]) -> None:
+        """Add the stats of a sub-batch whose row i is row rows[i] of this batch (its forwards ran separately)."""
+        self.backbone_forwards += part.backbone_forwards
+        self.head_forwards += part.head_forwards
+        self.proposals += part.proposals
+        self.revoked_reveals += part.revoked_reveals
+        for j, count in enumerate(part.acceptance_histogram):
+            self.record_acceptance([j] * count)
+        for i, row in enumerate(rows):
+            self.row_backbone_forwards[row] = part.row_backbone_forwards[i]
+            self.row_new_tokens[row] = part.row_new_tokens[i]
+
     @property
     def accepted_drafts(self) -> int:
         return sum(j * count for j, count in enumerate(self.acceptance_histogram))
@@ -256,14 +268,7 @@ class DecodingEngine:
             rows = (lengths == length).nonzero().squeeze(1)
             part = self._run_batch(input_ids[rows, prompt_len - length :], prompt_mask[rows, prompt_len - length :], None)
             sequences[rows, prompt_len - length :] = part.sequences
-            stats.backbone_forwards += part.stats.backbone_forwards
-            stats.head_forwards += part.stats.head_forwards
-            stats.proposals += part.stats.proposals
-            stats.revoked_reveals += part.stats.revoked_reveals
-            stats.record_acceptance([j for j, c in enumerate(part.stats.acceptance_histogram) for _ in range(c)])
-            for i, row in enumerate(rows.tolist()):
-                stats.row_backbone_forwards[row] = part.stats.row_backbone_forwards[i]
-                stats.row_new_tokens[row] = part.stats.row_new_tokens[i]
+            stats.merge(part.stats, rows.tolist())
         return MRPGenerateOutput(sequences=sequences, stats=stats)
 
     def _run_batch(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, streamer) -> MRPGenerateOutput:
@@ -399,16 +404,20 @@ class DecodingEngine:
     def propose(self, state: DecodingState, logits: torch.Tensor, start: int, end: int,
                 masked: torch.Tensor, committed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens and confidences for the block; confidence is -inf where nothing is masked."""
-        block_positions = torch.arange(start - state.width, end - state.width, device=logits.device).unsqueeze(0)
-        key = state.keys[state.active].repeat_interleave(logits.shape[0] // state.active.numel()).unsqueeze(1)
+        key, block_positions = self._draw_keys(state, start, end)
         tokens, confidence = self.proposer(logits, key, block_positions, committed.unsqueeze(1))
         return tokens, confidence.masked_fill(~masked, float("-inf"))
 
     def confidence_of(self, state: DecodingState, logits: torch.Tensor, tokens: torch.Tensor, start: int, end: int):
         """The proposer's confidence for given tokens of the block under other logits (e.g. head-corrected)."""
-        block_positions = torch.arange(start - state.width, end - state.width, device=logits.device).unsqueeze(0)
-        key = state.keys[state.active].unsqueeze(1)
+        key, block_positions = self._draw_keys(state, start, end)
         return self.proposer.confidence_of(logits, tokens, key, block_positions, state.committed[state.active].unsqueeze(1))
+
+    @staticmethod
+    def _draw_keys(state: DecodingState, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row keys [n, 1] of the active rows and answer positions [1, L] of the block: what random draws key on."""
+        positions = torch.arange(start - state.width, end - state.width, device=state.keys.device).unsqueeze(0)
+        return state.keys[state.active].unsqueeze(1), positions
 
     def _finish_rows(self, canvas, active, width, end) -> torch.Tensor:
         """Rows (of `active`) whose answer so far holds an EOS: pad everything after their first EOS."""
