@@ -16,7 +16,7 @@ for name in tf5 tf4; do
   fi
   pip_args=(-q --disable-pip-version-check)
   [ -n "$CONSTRAINTS" ] && pip_args+=(-c "$CONSTRAINTS")
-  if ! "$venv/bin/pip" install "${pip_args[@]}" -e ".[dev]" "${TRANSFORMERS[$name]}" >"$venv/pip.log" 2>&1; then
+  if ! "$venv/bin/pip" install "${pip_args[@]}" -e ".[dev,eval]" "${TRANSFORMERS[$name]}" >"$venv/pip.log" 2>&1; then
     cat "$venv/pip.log"; exit 1
   fi
   "$venv/bin/python" -c "import torch, transformers; print('$name: torch', torch.__version__, 'transformers', transformers.__version__)"

@@ -107,6 +107,102 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    """`mrp-hf eval`: every mode on the same prompts of one task; results.jsonl (resumable), rows.json, plot.png."""
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from .evaluation import format_table, get_task, parse_modes, plot_rows, run_modes, write_json
+    from .modeling_mrp import MRPHead, MRPModel
+
+    if not args.backbone and not args.head:
+        print("mrp-hf eval: give --head PATH (its config names the backbone) and/or --backbone ID_OR_PATH",
+              file=sys.stderr)
+        return 2
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as exc:
+        print(f"mrp-hf eval: {exc}", file=sys.stderr)
+        return 2
+    if not args.head and any(m["mode"] in ("remask", "speculative", "direct") for m in modes):
+        print("mrp-hf eval: modes remask/speculative/direct need --head; with --backbone only, use static and "
+              "dynamic:THRESHOLD", file=sys.stderr)
+        return 2
+    task_kwargs = {}
+    if args.task in ("gsm8k", "jsonl"):
+        if not args.data:
+            print(f"mrp-hf eval: --task {args.task} needs --data PATH (a JSONL file)", file=sys.stderr)
+            return 2
+        task_kwargs["path"] = args.data
+    elif args.data and args.task == "humaneval":
+        task_kwargs["path"] = args.data
+    try:
+        task = get_task(args.task, **task_kwargs)
+    except ValueError as exc:
+        print(f"mrp-hf eval: {exc}", file=sys.stderr)
+        return 2
+
+    torch.manual_seed(args.seed)
+    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    load = {"trust_remote_code": args.trust_remote_code, "torch_dtype": dtype}
+    if args.head:
+        from .backbones import load_backbone
+
+        backbone = load_backbone(args.backbone, **load) if args.backbone else None
+        model = MRPModel.from_pretrained(args.head, backbone=backbone, **({} if backbone is not None else load))
+        tokenizer_source = args.backbone or MRPHead.config_class.from_pretrained(args.head).base_model_name_or_path
+    else:
+        model = MRPModel.from_backbone_pretrained(args.backbone, **load)
+        tokenizer_source = args.backbone
+    if args.device:
+        model.to(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=args.trust_remote_code)
+
+    output = Path(args.output) if args.output else None
+    rows = run_modes(
+        model, tokenizer, task, modes, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        block_length=args.block_length, generate_kwargs={"seed": args.seed, "temperature": args.temperature},
+        output_dir=output, chat=True if args.chat else (False if args.no_chat else None), limit=args.limit,
+        progress=not args.no_progress,
+    )
+    print(format_table(rows))
+    if output is not None:
+        meta = {"task": args.task, "backbone": args.backbone, "head": args.head, "max_new_tokens": args.max_new_tokens,
+                "block_length": args.block_length, "seed": args.seed, "temperature": args.temperature}
+        write_json(rows, output / "rows.json", **meta)
+        try:
+            plot_rows(rows, output / "plot.png")
+        except ImportError:
+            print("mrp-hf eval: matplotlib is missing, no plot (pip install 'mrp-hf[eval]')", file=sys.stderr)
+        print(f"wrote {output / 'results.jsonl'}, {output / 'rows.json'}, {output / 'plot.png'}")
+    return 0
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backbone", help="Hub id or local folder of the DLM (optional with --head)")
+    parser.add_argument("--head", help="MRP head folder or repo (MRPModel.from_pretrained); needed by MRP modes")
+    parser.add_argument("--task", default="humaneval", help="humaneval | gsm8k | jsonl | reference")
+    parser.add_argument("--data", help="JSONL file for gsm8k/jsonl (or a HumanEval .jsonl.gz)")
+    parser.add_argument("--modes", default="static,dynamic:0.9,dynamic:0.5,remask:0.5,speculative:3,direct:2",
+                        help="comma-separated: static, dynamic:T, remask:T, speculative:K, direct:K")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N items")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--block-length", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--output", help="folder for results.jsonl (resumable), rows.json and plot.png")
+    chat = parser.add_mutually_exclusive_group()
+    chat.add_argument("--chat", action="store_true", help="force the chat template")
+    chat.add_argument("--no-chat", action="store_true", help="never use the chat template")
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    parser.add_argument("--device", default=None, help='e.g. "cuda:0" (default: where the model loads)')
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mrp-hf", description="Multi-token Residual Prediction for diffusion LMs.")
     parser.add_argument("--version", action="version", version=f"mrp-hf {__version__}")
@@ -140,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train an MRP head on a frozen DLM backbone (see docs/training.md)")
     add_train_arguments(train)
     train.set_defaults(func=_cmd_train)
+
+    ev = sub.add_parser("eval", help="accuracy and speed of several decoding modes on one task (docs/evaluation.md)")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=_cmd_eval)
     return parser
 
 

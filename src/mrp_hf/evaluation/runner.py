@@ -1,0 +1,387 @@
+"""Run several decoding modes on the same prompts and report accuracy next to speed.
+
+    rows = run_modes(model, tokenizer, task, ["static", "dynamic:0.9", "speculative:3"], output_dir="out")
+    print(format_table(rows)); write_json(rows, "out/rows.json"); plot_rows(rows, "out/plot.png")
+
+A mode is a dict: {"mode": "static"}, {"mode": "dynamic", "threshold": 0.5}, {"mode": "remask",
+"threshold": 0.5}, {"mode": "speculative", "mrp_draft_tokens": 3}, {"mode": "direct", "mrp_draft_tokens": 2}
+(or the string forms "static", "dynamic:0.5", "remask:0.5", "speculative:3", "direct:2"). Static decoding
+always runs, first, and is the reference of `speed-up` and `identical_to_static`.
+
+Resuming: with `output_dir`, each finished batch appends one JSON line per item to `results.jsonl` (mode,
+settings, item id, completion, tokens, per-row stats, the batch's wall-clock and forwards, correctness).
+A rerun with the same settings skips items already there. Wall-clock sums the recorded per-batch times, so
+a resumed run adds times measured in different sessions (and possibly with different batch compositions);
+rows report `timing_sessions` so that this is visible.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .tasks import EvalTask, as_task
+
+logger = logging.getLogger(__name__)
+
+MODES = ("static", "dynamic", "remask", "speculative", "direct")
+RESULTS_FILE = "results.jsonl"
+ROW_KEYS = (
+    "mode", "threshold", "mrp_draft_tokens", "accuracy", "n", "backbone_forwards", "head_forwards",
+    "tokens_per_forward", "wall_seconds", "speedup_vs_static", "identical_to_static",
+)
+
+
+# ----------------------------------------------------------------------------------------------- modes
+def parse_mode(spec: str | dict[str, Any]) -> dict[str, Any]:
+    """"dynamic:0.9" -> {"mode": "dynamic", "threshold": 0.9}; a dict is checked and returned normalised."""
+    if isinstance(spec, str):
+        name, _, value = spec.strip().partition(":")
+        spec = {"mode": name}
+        if value:
+            key = "threshold" if name in ("dynamic", "remask") else "mrp_draft_tokens"
+            spec[key] = float(value) if key == "threshold" else int(value)
+    mode = dict(spec)
+    name = mode.get("mode")
+    if name not in MODES:
+        raise ValueError(f"unknown mode {name!r}; use one of {', '.join(MODES)} (e.g. 'dynamic:0.9', 'speculative:3')")
+    if name in ("dynamic", "remask") and mode.get("threshold") is None:
+        raise ValueError(f"mode {name!r} needs a threshold, e.g. '{name}:0.5'")
+    if name in ("static", "speculative", "direct") and mode.get("threshold") is not None:
+        raise ValueError(f"mode {name!r} decodes one token per backbone pick: drop threshold={mode['threshold']}")
+    if name in ("speculative", "direct"):
+        mode.setdefault("mrp_draft_tokens", 3)
+    return mode
+
+
+def parse_modes(specs: str | Sequence[str | dict[str, Any]]) -> list[dict[str, Any]]:
+    """A comma-separated string or a list; static is added when missing and always comes first."""
+    if isinstance(specs, str):
+        specs = [s for s in specs.split(",") if s.strip()]
+    modes = [parse_mode(s) for s in specs]
+    statics = [m for m in modes if m["mode"] == "static"]
+    others = [m for m in modes if m["mode"] != "static"]
+    return [statics[0] if statics else {"mode": "static"}, *others]
+
+
+def mode_label(mode: dict[str, Any]) -> str:
+    """"static", "dynamic:0.9", "speculative:3", plus any extra generate kwargs."""
+    label = mode["mode"]
+    if mode.get("threshold") is not None:
+        label += f":{mode['threshold']:g}"
+    elif mode.get("mrp_draft_tokens") is not None:
+        label += f":{mode['mrp_draft_tokens']}"
+    extra = {k: v for k, v in mode.items() if k not in ("mode", "threshold", "mrp_draft_tokens")}
+    return label + (json.dumps(extra, sort_keys=True) if extra else "")
+
+
+def mode_generate_kwargs(mode: dict[str, Any]) -> dict[str, Any]:
+    """The `MRPModel.generate` keywords of a mode. static: one token per step; dynamic: threshold; the
+    MRP modes: `mrp_mode` of the same name. Extra keys of the dict (e.g. remask_rule) pass through."""
+    name = mode["mode"]
+    kwargs = {k: v for k, v in mode.items() if k not in ("mode",) and v is not None}
+    if name == "static":
+        kwargs.update(mrp_mode="off", tokens_per_step=kwargs.get("tokens_per_step", 1))
+    elif name == "dynamic":
+        kwargs.update(mrp_mode="off")
+    else:
+        kwargs.update(mrp_mode=name)
+    return kwargs
+
+
+# ----------------------------------------------------------------------------------------- results file
+def _settings_key(mode: dict[str, Any], common: dict[str, Any]) -> str:
+    """Resume key of a configuration: a record is reused only when everything that shapes its output matches."""
+    return json.dumps({"mode": mode, "generate": common}, sort_keys=True, default=str)
+
+
+def load_results(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a results file; a torn last line (an interrupted write) is skipped with a warning."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                logger.warning("%s:%d: skipping an unreadable line (interrupted write?)", path, number)
+    return records
+
+
+def _append(path: Path, records: list[dict[str, Any]]) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+# ------------------------------------------------------------------------------------------------ run
+def _answer_tokens(row: list[int], eos_token_id: int | None) -> list[int]:
+    """The answer up to and including its first EOS (what follows is padding)."""
+    if eos_token_id is not None and eos_token_id in row:
+        return row[: row.index(eos_token_id) + 1]
+    return row
+
+
+def run_modes(
+    model: Any,
+    tokenizer: Any,
+    task_or_items: EvalTask | Sequence[Any],
+    modes: str | Sequence[str | dict[str, Any]],
+    *,
+    batch_size: int = 8,
+    max_new_tokens: int = 128,
+    block_length: int | None = None,
+    generate_kwargs: dict[str, Any] | None = None,
+    output_dir: str | Path | None = None,
+    chat: bool | None = None,
+    limit: int | None = None,
+    warmup: bool = True,
+    progress: bool = True,
+    on_batch: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Decode every item with every mode (static first) and return one summary row per mode.
+
+    Args:
+        model: an `MRPModel` (with a head for the MRP modes).
+        tokenizer: its tokenizer; prompts are left-padded; EOS/pad ids default to the tokenizer's.
+        task_or_items: an `EvalTask`, or a list of items (see `ItemsTask`).
+        modes: mode dicts or strings (see `parse_modes`).
+        batch_size: prompts per `generate` call.
+        max_new_tokens, block_length, generate_kwargs: passed to every `generate` call (e.g. temperature, seed).
+        output_dir: where `results.jsonl` is appended per batch; a rerun resumes from it.
+        chat: wrap prompts in the chat template (None: the task's default, if the tokenizer has a template).
+        limit: only the first `limit` items.
+        warmup: one untimed single-prompt static `generate` before timing (first-call overheads).
+        on_batch: called with (mode, records) after each batch is recorded (progress hooks; tests interrupt here).
+
+    Returns:
+        rows: `ROW_KEYS` plus `label`, `token_agreement_with_static`, `accepted_drafts`, `revoked_reveals`,
+        `resumed_items`, `timing_sessions`.
+    """
+    from tqdm.auto import tqdm
+
+    task = as_task(task_or_items)
+    items = list(task.items())[: limit if limit is not None else None]
+    ids = [str(item.id) for item in items]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"task {task.name!r} has duplicate item ids; resuming needs unique ids")
+    modes = parse_modes(modes)
+    if getattr(model, "head", None) is None:
+        needing = [mode_label(m) for m in modes if m["mode"] in ("remask", "speculative", "direct")]
+        if needing:
+            raise ValueError(f"modes {needing} need an MRP head; load one with MRPModel.from_pretrained(head) "
+                             "(CLI: --head PATH) or run only static/dynamic modes.")
+
+    if getattr(tokenizer, "pad_token_id", None) is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    common: dict[str, Any] = {"max_new_tokens": max_new_tokens, "block_length": block_length}
+    common.update(generate_kwargs or {})
+    common.setdefault("eos_token_id", tokenizer.eos_token_id)
+    common.setdefault("pad_token_id", tokenizer.pad_token_id)
+    eos = common["eos_token_id"]
+    use_chat = task.chat if chat is None else chat
+    prompts = {str(item.id): task.format_prompt(item, tokenizer, chat=use_chat) for item in items}
+
+    path = None
+    done: dict[tuple[str, str], dict[str, Any]] = {}
+    if output_dir is not None:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        path = Path(output_dir) / RESULTS_FILE
+        for record in load_results(path):
+            done[(record["settings"], record["item_id"])] = record
+    session = uuid.uuid4().hex[:12]
+
+    keys = {mode_label(m): _settings_key(m, common) for m in modes}
+    pending = {mode_label(m): [i for i in ids if (keys[mode_label(m)], i) not in done] for m in modes}
+    total = sum(len(v) for v in pending.values())
+    resumed = len(ids) * len(modes) - total
+    if resumed:
+        logger.info("resuming: %d of %d (mode, item) results are already in %s", resumed, len(ids) * len(modes), path)
+
+    by_id = {str(item.id): item for item in items}
+    results: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in keys}
+    for label, settings in keys.items():
+        for i in ids:
+            if (settings, i) in done:
+                results[label][i] = done[(settings, i)]
+
+    padding_side = getattr(tokenizer, "padding_side", "left")
+    tokenizer.padding_side = "left"
+    try:
+        if warmup and total:
+            first = next(i for m in modes for i in pending[mode_label(m)])
+            _generate(model, tokenizer, [prompts[first]], use_chat, {**common, **mode_generate_kwargs(modes[0])})
+        with tqdm(total=total, desc=f"eval {task.name}", unit="item", disable=not progress) as bar:
+            for mode in modes:
+                label, settings = mode_label(mode), keys[mode_label(mode)]
+                kwargs = {**common, **mode_generate_kwargs(mode)}
+                todo = pending[label]
+                bar.set_postfix_str(label)
+                for start in range(0, len(todo), batch_size):
+                    batch_ids = todo[start : start + batch_size]
+                    records = _run_batch(model, tokenizer, task, [by_id[i] for i in batch_ids],
+                                         [prompts[i] for i in batch_ids], use_chat, kwargs, eos)
+                    for record in records:
+                        record.update(settings=settings, label=label, mode=mode, session=session)
+                        results[label][record["item_id"]] = record
+                    if path is not None:
+                        _append(path, records)
+                    bar.update(len(batch_ids))
+                    if on_batch is not None:
+                        on_batch(mode, records)
+    finally:
+        tokenizer.padding_side = padding_side
+    return _summarise(modes, ids, results, task.has_checker, session)
+
+
+def _generate(model: Any, tokenizer: Any, prompts: list[str], chat: bool, kwargs: dict[str, Any]):
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not chat)
+    out = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], return_dict_in_generate=True,
+                         **kwargs)
+    return batch, out
+
+
+def _run_batch(model, tokenizer, task, items, prompts, chat, kwargs, eos) -> list[dict[str, Any]]:
+    start = time.perf_counter()
+    batch, out = _generate(model, tokenizer, prompts, chat, kwargs)
+    seconds = time.perf_counter() - start
+    width = batch["input_ids"].shape[1]
+    stats = out.stats
+    answers = [_answer_tokens(row, eos) for row in out.sequences[:, width:].tolist()]
+    completions = tokenizer.batch_decode(answers, skip_special_tokens=True)
+    scores = task.score_many(items, completions) if task.has_checker else [{} for _ in items]
+    batch_info = {
+        "id": uuid.uuid4().hex[:12], "seconds": seconds, "size": len(items),
+        "backbone_forwards": stats.backbone_forwards, "head_forwards": stats.head_forwards,
+        "accepted_drafts": stats.accepted_drafts, "revoked_reveals": stats.revoked_reveals,
+    }
+    tpf = stats.tokens_per_forward
+    return [
+        {
+            "item_id": str(item.id),
+            "completion": completion,
+            "tokens": tokens,
+            "correct": score.get("correct") if task.has_checker else None,
+            "score": {k: v for k, v in score.items() if k != "correct"},
+            "row_backbone_forwards": stats.row_backbone_forwards[i],
+            "row_new_tokens": stats.row_new_tokens[i],
+            "tokens_per_forward": tpf[i],
+            "batch": batch_info,
+        }
+        for i, (item, completion, tokens, score) in enumerate(zip(items, completions, answers, scores, strict=True))
+    ]
+
+
+def _summarise(modes, ids, results, has_checker, session) -> list[dict[str, Any]]:
+    rows = []
+    static = results[mode_label(modes[0])]
+    for mode in modes:
+        label = mode_label(mode)
+        records = [results[label][i] for i in ids if i in results[label]]
+        batches = {r["batch"]["id"]: r["batch"] for r in records}
+        wall = sum(b["seconds"] for b in batches.values())
+        same = [r["tokens"] == static[r["item_id"]]["tokens"] for r in records if r["item_id"] in static]
+        agree, count = 0, 0
+        for r in records:
+            ref = static.get(r["item_id"], {}).get("tokens")
+            if ref is not None:
+                n = max(len(ref), len(r["tokens"]))
+                agree += sum(a == b for a, b in zip(ref, r["tokens"], strict=False))
+                count += n
+        correct = [r["correct"] for r in records if r.get("correct") is not None]
+        rows.append({
+            "mode": mode["mode"],
+            "threshold": mode.get("threshold"),
+            "mrp_draft_tokens": mode.get("mrp_draft_tokens"),
+            "label": label,
+            "accuracy": (sum(correct) / len(correct)) if has_checker and correct else None,
+            "n": len(records),
+            "backbone_forwards": sum(b["backbone_forwards"] for b in batches.values()),
+            "head_forwards": sum(b["head_forwards"] for b in batches.values()),
+            # the engine's convention: the mean over rows of tokens / forwards that row needed
+            "tokens_per_forward": sum(r["tokens_per_forward"] for r in records) / len(records) if records else 0.0,
+            "wall_seconds": wall,
+            "speedup_vs_static": None,
+            "identical_to_static": bool(same) and all(same),
+            "token_agreement_with_static": agree / count if count else None,
+            "accepted_drafts": sum(b.get("accepted_drafts", 0) for b in batches.values()),
+            "revoked_reveals": sum(b.get("revoked_reveals", 0) for b in batches.values()),
+            "resumed_items": sum(r.get("session") != session for r in records),
+            "timing_sessions": len({r.get("session") for r in records}),
+        })
+    static_wall = rows[0]["wall_seconds"]
+    for row in rows:
+        row["speedup_vs_static"] = static_wall / row["wall_seconds"] if row["wall_seconds"] else None
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- reporting
+def write_json(rows: list[dict[str, Any]], path: str | Path, **metadata: Any) -> None:
+    """`{"rows": rows, **metadata}` as indented JSON."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({**metadata, "rows": rows}, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width table of the rows (one line per mode)."""
+    header = f"{'mode':<16}{'acc':>7}{'n':>6}{'fwd':>8}{'head':>7}{'TPF':>7}{'sec':>9}{'x static':>10}{'= static':>10}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
+        speed = "-" if r["speedup_vs_static"] is None else f"{r['speedup_vs_static']:.2f}"
+        lines.append(
+            f"{r.get('label', r['mode']):<16}{acc:>7}{r['n']:>6}{r['backbone_forwards']:>8}{r['head_forwards']:>7}"
+            f"{r['tokens_per_forward']:>7.2f}{r['wall_seconds']:>9.2f}{speed:>10}{str(r['identical_to_static']):>10}"
+        )
+    if any(r.get("timing_sessions", 1) > 1 for r in rows):
+        lines.append("note: some rows add wall-clock measured in more than one session (resumed run)")
+    return "\n".join(lines)
+
+
+def plot_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """PNG: accuracy (or, without a checker, agreement with static) against tokens per forward; a line
+    through the dynamic thresholds, one through the remask thresholds, a point for the other modes."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never open a window
+    import matplotlib.pyplot as plt
+
+    use_accuracy = any(r["accuracy"] is not None for r in rows)
+    metric = "accuracy" if use_accuracy else "token_agreement_with_static"
+
+    def value(r):
+        v = r.get(metric)
+        return float("nan") if v is None else v
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for name, marker in (("dynamic", "o-"), ("remask", "s-")):
+        line = sorted((r for r in rows if r["mode"] == name), key=lambda r: r["tokens_per_forward"])
+        if line:
+            ax.plot([r["tokens_per_forward"] for r in line], [value(r) for r in line], marker, label=name)
+            for r in line:
+                ax.annotate(f"{r['threshold']:g}", (r["tokens_per_forward"], value(r)), fontsize=7,
+                            textcoords="offset points", xytext=(3, 3))
+    for name, marker in (("static", "k*"), ("speculative", "D"), ("direct", "^")):
+        for r in (r for r in rows if r["mode"] == name):
+            ax.plot([r["tokens_per_forward"]], [value(r)], marker, markersize=9, label=r.get("label", name))
+    ax.set_xlabel("tokens per backbone forward")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
