@@ -6,6 +6,7 @@ from .backbones import BackboneAdapter, available_families, get_adapter, load_ba
 from .configuration_mrp import MRPConfig
 from .generation import GenerationStats, MRPGenerateOutput, MRPGenerationConfig
 from .modeling_mrp import MRPHead, MRPModel, attach
+from .reference import ReferenceDLM, ReferenceDLMConfig
 
 # `AutoConfig.from_pretrained(head_repo)` -> MRPConfig, `AutoModel.from_pretrained(head_repo)` -> MRPHead
 AutoConfig.register(MRPConfig.model_type, MRPConfig, exist_ok=True)
@@ -22,6 +23,8 @@ __all__ = [
     "MRPGenerateOutput",
     "MRPGenerationConfig",
     "MRPModel",
+    "ReferenceDLM",
+    "ReferenceDLMConfig",
     "available_families",
     "get_adapter",
     "load_backbone",

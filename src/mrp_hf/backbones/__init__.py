@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     llada,
     llada2,
     masked_lm,
+    reference,
     sdar,
 )
 from .base import BackboneAdapter, BackboneOutput

@@ -95,6 +95,14 @@ def _tokenizer_mask_id(path: str, revision: str | None, trust_remote_code: bool,
     return getattr(tokenizer, "mask_token_id", None)
 
 
+def _saved_generation_config(path: str, revision: str | None, **hub_kwargs: Any):
+    """The `generation_config.json` saved beside a backbone, or None when there is none."""
+    try:
+        return transformers.GenerationConfig.from_pretrained(path, revision=revision, **hub_kwargs)
+    except OSError:
+        return None
+
+
 def load_backbone(
     pretrained_model_name_or_path: str,
     backbone_family: str | None = None,
@@ -143,6 +151,9 @@ def load_backbone(
         ) from err
     if IS_TRANSFORMERS_5 and remote:
         _reinit_rope_buffers(model)
+    if getattr(model, "generation_config", None) is None:
+        # transformers 5 attaches generation_config.json only to models that can generate(); ours decodes them
+        model.generation_config = _saved_generation_config(pretrained_model_name_or_path, revision, **config_kwargs)
     model.eval()
     if not return_mask_token_id:
         return model
