@@ -1,7 +1,8 @@
 """`mrp-hf`: command-line entry point.
 
-Subcommands today: `families`, `generate` (decode prompts with any supported backbone) and `train` (train an
-MRP head on a frozen backbone, see docs/training.md). `demo`, `bench`, `eval` and `push` arrive later.
+Subcommands: `families`, `generate` (decode prompts with any supported backbone), `train` (train an MRP head on
+a frozen backbone, docs/training.md), `demo` (every mode on the bundled reference DLM, docs/benchmarks.md) and
+`eval` (modes on HumanEval / GSM8K / reference tasks, docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -105,6 +106,44 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .train import run
 
     return run(args)
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--head", help="an MRP head folder or Hub id (default: the bundled reference head)")
+    p.add_argument("--backbone", help="its backbone (default: the one named in the head's config)")
+    p.add_argument("--prompts", help="prompts file (JSONL with 'prompt', or one per line); needed with --head")
+    p.add_argument("--per-task", type=int, default=30, help="held-out items per reference task")
+    p.add_argument("--tasks", help="comma-separated reference tasks (default: all)")
+    p.add_argument("--thresholds", default="0.9,0.7,0.5,0.3", help="dynamic / remask thresholds")
+    p.add_argument("--draft-tokens", type=int, default=3, help="speculative drafts per round (K)")
+    p.add_argument("--direct-tokens", type=int, default=2, help="head steps per backbone forward in direct mode")
+    p.add_argument("--remask-rule", choices=["confidence", "residual"], default="confidence")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (1: latency regime)")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--output", help="folder for results.jsonl (resumable), rows.json and plot.png")
+    p.add_argument("--json", dest="json_path", help="write the rows as a JSON list here")
+    p.add_argument("--plot", help="write the PNG plot here (default: OUTPUT/plot.png when --output is given)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .reference.demo import run_demo
+
+    plot = args.plot or (f"{args.output}/plot.png" if args.output else None)
+    result = run_demo(
+        head=args.head, backbone=args.backbone, prompts_file=args.prompts, per_task=args.per_task,
+        thresholds=tuple(float(t) for t in args.thresholds.split(",") if t.strip()),
+        draft_tokens=args.draft_tokens, direct_tokens=args.direct_tokens, remask_rule=args.remask_rule,
+        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, output_dir=args.output,
+        json_path=args.json_path, plot_path=plot, progress=not args.no_progress,
+        trust_remote_code=args.trust_remote_code,
+        tasks=tuple(args.tasks.split(",")) if args.tasks else None,
+    )
+    print(result["table"])
+    if plot:
+        print(f"plot: {plot}")
+    return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -236,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train an MRP head on a frozen DLM backbone (see docs/training.md)")
     add_train_arguments(train)
     train.set_defaults(func=_cmd_train)
+
+    demo = sub.add_parser("demo", help="every decoding mode side by side on the bundled reference DLM + head")
+    add_demo_arguments(demo)
+    demo.set_defaults(func=_cmd_demo)
 
     ev = sub.add_parser("eval", help="accuracy and speed of several decoding modes on one task (docs/evaluation.md)")
     add_eval_arguments(ev)

@@ -6,6 +6,7 @@ folders (and any saved copy) load with `AutoModelForMaskedLM.from_pretrained` or
 
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
+from .bundled import load_reference
 from .configuration_reference import ReferenceDLMConfig
 from .modeling_reference import ReferenceDLM
 from .tasks import TASKS, ReferenceItem, check_answer, held_out_items
@@ -23,4 +24,5 @@ __all__ = [
     "build_tokenizer",
     "check_answer",
     "held_out_items",
+    "load_reference",
 ]

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 HELD_OUT_MODULUS = 10
 #: the layout the reference model is trained on: prompts left-padded to PROMPT_LENGTH, answers (+ EOS fill)
-#: of ANSWER_LENGTH tokens, decoded in blocks of the model's block size
+#: of ANSWER_LENGTH tokens (one block of the model's 8: answers have at most 7 characters)
 PROMPT_LENGTH = 16
-ANSWER_LENGTH = 16
+ANSWER_LENGTH = 8
 
 _LETTERS = "abcdefghijklmnop"
 
@@ -48,7 +48,7 @@ class Task:
 
 
 def _sort_make(rng):
-    letters = _distinct(rng, rng.randint(3, 9))
+    letters = _distinct(rng, rng.randint(3, 7))
     return "sort:" + "".join(letters), "".join(sorted(letters))
 
 
@@ -57,7 +57,7 @@ def _sort_check(prompt, answer):
 
 
 def _rev_make(rng):
-    letters = [rng.choice(_LETTERS) for _ in range(rng.randint(4, 10))]
+    letters = [rng.choice(_LETTERS) for _ in range(rng.randint(4, 7))]
     return "rev:" + "".join(letters), "".join(reversed(letters))
 
 

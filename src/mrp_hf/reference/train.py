@@ -1,11 +1,11 @@
 """Train the reference DLM, and export head-training data for it.
 
-    python -m mrp_hf.reference.train backbone --output runs/reference-backbone     # seeded, ~20 min on 2 CPUs
+    python -m mrp_hf.reference.train backbone --output runs/reference-backbone     # seeded, about 20 min on 2 CPU cores
     python -m mrp_hf.reference.train head-data --output runs/reference-head.jsonl   # JSONL for `mrp-hf train`
 
 Training is SDAR-style block diffusion on the synthetic tasks of `tasks.py`. A row is laid out as
 [prompt | noisy answer | clean answer]: the prompt left-padded to `PROMPT_LENGTH` columns, the answer (then EOS
-up to `ANSWER_LENGTH`) twice. Each answer block of the noisy copy is masked at its own rate t ~ U(eps, 1) and
+up to `ANSWER_LENGTH`) twice (the clean copy without its last block, which no noisy block reads). Each answer block of the noisy copy is masked at its own rate t ~ U(eps, 1) and
 attends to the prompt, to the *clean* copies of the earlier answer blocks, and to itself, which is exactly
 what it sees at decoding time (finished blocks in the prefix cache, the current block partly masked). The
 clean copy is block-causal over itself. Both copies carry the same position ids. The loss is the
@@ -47,10 +47,10 @@ def encode(tokenizer, prompt: str, answer: str | None) -> tuple[list[int], list[
 
 
 def training_pattern(prompt_mask: torch.Tensor, block: int) -> torch.Tensor:
-    """Bool [B, 1, T, T] for rows [prompt (P) | noisy answer (A) | clean answer (A)]."""
+    """Bool [B, 1, T, T] for rows [prompt (P) | noisy answer (A) | clean answer blocks but the last (A - block)]."""
     batch = prompt_mask.shape[0]
     p, a = PROMPT_LENGTH, ANSWER_LENGTH
-    total = p + 2 * a
+    total = p + a + (a - block)  # the last clean block would be seen by no noisy block: it is left out
     index = torch.arange(total)
     region = torch.where(index < p, 0, torch.where(index < p + a, 1, 2))  # 0 prompt, 1 noisy, 2 clean
     # block number in decoding order: prompt blocks, then answer blocks (the two copies share numbers)
@@ -63,7 +63,7 @@ def training_pattern(prompt_mask: torch.Tensor, block: int) -> torch.Tensor:
         | ((q_region == 1) & (k_region == 2) & (k_number < q_number))  # ... and the clean earlier answer blocks
         | ((q_region == 2) & (k_region == 2) & (k_number <= q_number))  # the clean copy is block-causal
     )
-    keys = torch.cat([prompt_mask.bool(), torch.ones(batch, 2 * a, dtype=torch.bool)], dim=1)
+    keys = torch.cat([prompt_mask.bool(), torch.ones(batch, total - p, dtype=torch.bool)], dim=1)
     pattern = sees[None] & keys[:, None, :]
     return (pattern | torch.eye(total, dtype=torch.bool)[None])[:, None]
 
@@ -72,48 +72,52 @@ def make_batch(tokenizer, rng: random.Random, generator: torch.Generator, batch_
                mask_eps: float = 0.02):
     """input_ids, attention pattern, position ids and labels of one training batch."""
     mask_id, pad_id = tokenizer.mask_token_id, tokenizer.pad_token_id
-    prompts = torch.full((batch_size, PROMPT_LENGTH), pad_id, dtype=torch.long)
-    answers = torch.empty(batch_size, ANSWER_LENGTH, dtype=torch.long)
+    p, a = PROMPT_LENGTH, ANSWER_LENGTH
+    prompts = torch.full((batch_size, p), pad_id, dtype=torch.long)
+    answers = torch.empty(batch_size, a, dtype=torch.long)
     for row in range(batch_size):
         _, prompt, answer = training_sample(rng)
         prompt_ids, answer_ids = encode(tokenizer, prompt, answer)
-        prompts[row, PROMPT_LENGTH - len(prompt_ids):] = torch.tensor(prompt_ids)
+        prompts[row, p - len(prompt_ids):] = torch.tensor(prompt_ids)
         answers[row] = torch.tensor(answer_ids)
     prompt_mask = prompts != pad_id
     # a mask rate per (row, answer block); at least one masked position per block
-    blocks = ANSWER_LENGTH // block
+    blocks = a // block
     rate = mask_eps + (1 - mask_eps) * torch.rand(batch_size, blocks, generator=generator)
-    masked = torch.rand(batch_size, ANSWER_LENGTH, generator=generator) < rate.repeat_interleave(block, dim=1)
-    forced = torch.randint(0, block, (batch_size, blocks), generator=generator) + torch.arange(0, ANSWER_LENGTH, block)
+    masked = torch.rand(batch_size, a, generator=generator) < rate.repeat_interleave(block, dim=1)
+    forced = torch.randint(0, block, (batch_size, blocks), generator=generator) + torch.arange(0, a, block)
     masked.scatter_(1, forced, True)
     noisy = torch.where(masked, mask_id, answers)
-    input_ids = torch.cat([prompts, noisy, answers], dim=1)
+    input_ids = torch.cat([prompts, noisy, answers[:, : a - block]], dim=1)
     labels = torch.full_like(input_ids, -100)
-    labels[:, PROMPT_LENGTH : PROMPT_LENGTH + ANSWER_LENGTH] = torch.where(masked, answers, -100)
-    positions = torch.arange(PROMPT_LENGTH + ANSWER_LENGTH)
-    position_ids = torch.cat([positions, positions[PROMPT_LENGTH:]]).expand(batch_size, -1)
+    labels[:, p : p + a] = torch.where(masked, answers, -100)
+    positions = torch.arange(p + a)
+    position_ids = torch.cat([positions, positions[p : p + a - block]]).expand(batch_size, -1)
     return input_ids, training_pattern(prompt_mask, block), position_ids, labels
 
 
-def evaluate_static(model, tokenizer, items, batch_size: int = 64) -> float:
-    """Held-out accuracy of static decoding (one token per step, greedy) with the project's engine."""
+def evaluate_static(model, tokenizer, items, batch_size: int = 64) -> tuple[float, dict[str, float]]:
+    """Held-out accuracy of static decoding (one token per step, greedy) with the project's engine: overall
+    and per task."""
     from ..modeling_mrp import MRPModel
 
     wrapped = MRPModel.from_backbone(model)
-    correct = 0
+    per_task: dict[str, list[bool]] = {}
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         encoded = tokenizer([item.prompt for item in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
         out = wrapped.generate(encoded["input_ids"], attention_mask=encoded["attention_mask"],
-                               max_new_tokens=ANSWER_LENGTH, tokens_per_step=1, temperature=0.0)
+                               max_new_tokens=ANSWER_LENGTH, tokens_per_step=1, temperature=0.0,
+                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         width = encoded["input_ids"].shape[1]
         for item, row in zip(chunk, out[:, width:], strict=True):
-            correct += item.check(tokenizer.decode(row, skip_special_tokens=True))
+            per_task.setdefault(item.task, []).append(item.check(tokenizer.decode(row, skip_special_tokens=True)))
     model.train()
-    return correct / len(items)
+    overall = sum(sum(v) for v in per_task.values()) / len(items)
+    return overall, {task: round(sum(v) / len(v), 3) for task, v in sorted(per_task.items())}
 
 
-def train_backbone(output_dir: str, steps: int = 2600, batch_size: int = 64, lr: float = 2e-3, warmup: int = 100,
+def train_backbone(output_dir: str, steps: int = 5000, batch_size: int = 64, lr: float = 2e-3, warmup: int = 100,
                    seed: int = 0, eval_every: int = 500, eval_per_task: int = 20, threads: int | None = None,
                    **model_kwargs) -> dict:
     """Train the reference DLM from scratch and save it (model, tokenizer, generation config, training info)."""
@@ -149,17 +153,17 @@ def train_backbone(output_dir: str, steps: int = 2600, batch_size: int = 64, lr:
         optimizer.zero_grad(set_to_none=True)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            accuracy = evaluate_static(model, tokenizer, eval_items)
-            history.append({"step": step + 1, "loss": loss.item(), "static_accuracy": accuracy})
-            bar.write(f"step {step + 1}: loss {loss.item():.3f}, held-out static accuracy {accuracy:.3f}")
+            accuracy, per_task = evaluate_static(model, tokenizer, eval_items)
+            history.append({"step": step + 1, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
+            bar.write(f"step {step + 1}: loss {loss.item():.3f}, held-out static accuracy {accuracy:.3f} {per_task}")
     train_seconds = time.time() - started
     model.eval()
-    accuracy = evaluate_static(model, tokenizer, eval_items)
-    history.append({"step": steps, "loss": loss.item(), "static_accuracy": accuracy})
+    accuracy, per_task = evaluate_static(model, tokenizer, eval_items)
+    history.append({"step": steps, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
     info = {
         "seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr, "train_seconds": round(train_seconds, 1),
         "threads": torch.get_num_threads(), "tasks": sorted(TASKS), "history": history,
-        "held_out_static_accuracy": accuracy, "eval_items": len(eval_items),
+        "held_out_static_accuracy": accuracy, "held_out_static_accuracy_per_task": per_task, "eval_items": len(eval_items),
     }
     out = Path(output_dir)
     model.save_pretrained(out)
@@ -188,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("backbone", help="train the reference DLM from scratch")
     b.add_argument("--output", required=True)
-    b.add_argument("--steps", type=int, default=2600)
+    b.add_argument("--steps", type=int, default=5000)
     b.add_argument("--batch-size", type=int, default=64)
     b.add_argument("--lr", type=float, default=2e-3)
     b.add_argument("--seed", type=int, default=0)
