@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 OUT=${1:-src/mrp_hf/reference/checkpoints}
 WORK=${MRP_BUILD_DIR:-$(mktemp -d)}
-BACKBONE_STEPS=${BACKBONE_STEPS:-5000}
+BACKBONE_STEPS=${BACKBONE_STEPS:-4600}
 HEAD_STEPS=${HEAD_STEPS:-1500}
 
 "$PY" -m mrp_hf.reference.train backbone --output "$WORK/backbone" --steps "$BACKBONE_STEPS" --seed 0

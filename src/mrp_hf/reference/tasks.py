@@ -1,13 +1,15 @@
 """Synthetic tasks of the reference DLM, with exact checkers and a held-out split.
 
-Each task makes (prompt, answer) pairs from a seeded `random.Random` and checks any answer exactly. Half of the
-tasks have several valid answers whose tokens depend on each other, which is where revealing many tokens in
-one step goes wrong (each position's argmax comes from its own marginal, so forms get mixed):
+Each task makes (prompt, answer) pairs from a seeded `random.Random` and checks any answer exactly. Three of
+the four tasks have several valid answers whose tokens depend on each other, which is where revealing many
+tokens in one step goes wrong (each position's argmax comes from its own marginal, so forms get mixed):
 - `perm`: any ordering of the given letters (the training answers are uniformly random orderings);
 - `pick`: any three distinct letters of the given six, in any order;
 - `pair`: two digits whose sum is the given number, written "a+b" (every split is a valid answer).
-The other half have one valid answer each: `sort` (sort letters), `rev` (reverse letters), `kv` (recall the
-values of two keys), `add` (add two numbers).
+`sort` (sort the given letters) has one valid answer.
+
+Key-value recall, reversal and two-digit addition were tried too: after 2000 training steps the model
+solved under 5% of them, so they do not fit the 20-minute CPU budget of the reference model.
 
 The held-out split is defined by the prompt: a prompt whose CRC32 is divisible by `HELD_OUT_MODULUS` is
 held out, and the training sampler never emits it. Evaluation sets are drawn from held-out prompts only.
@@ -26,7 +28,7 @@ HELD_OUT_MODULUS = 10
 PROMPT_LENGTH = 16
 ANSWER_LENGTH = 8
 
-_LETTERS = "abcdefghijklmnop"
+_LETTERS = "abcdefghijkl"
 
 
 def is_held_out(prompt: str) -> bool:
@@ -54,39 +56,6 @@ def _sort_make(rng):
 
 def _sort_check(prompt, answer):
     return answer == "".join(sorted(prompt.split(":", 1)[1]))
-
-
-def _rev_make(rng):
-    letters = [rng.choice(_LETTERS) for _ in range(rng.randint(4, 7))]
-    return "rev:" + "".join(letters), "".join(reversed(letters))
-
-
-def _rev_check(prompt, answer):
-    return answer == prompt.split(":", 1)[1][::-1]
-
-
-def _kv_make(rng):
-    keys = _distinct(rng, 4)
-    values = [str(rng.randint(0, 9)) for _ in keys]
-    queries = rng.sample(range(4), 2)
-    prompt = "kv:" + "".join(k + v for k, v in zip(keys, values, strict=True)) + "?" + "".join(keys[q] for q in queries)
-    return prompt, "".join(values[q] for q in queries)
-
-
-def _kv_check(prompt, answer):
-    pairs, queries = prompt.split(":", 1)[1].split("?")
-    table = {pairs[i]: pairs[i + 1] for i in range(0, len(pairs), 2)}
-    return answer == "".join(table[q] for q in queries)
-
-
-def _add_make(rng):
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
-    return f"add:{a}+{b}", str(a + b)
-
-
-def _add_check(prompt, answer):
-    a, b = prompt.split(":", 1)[1].split("+")
-    return answer == str(int(a) + int(b))
 
 
 def _perm_make(rng):
@@ -129,9 +98,6 @@ TASKS: dict[str, Task] = {
     task.name: task
     for task in (
         Task("sort", _sort_make, _sort_check, multi_form=False),
-        Task("rev", _rev_make, _rev_check, multi_form=False),
-        Task("kv", _kv_make, _kv_check, multi_form=False),
-        Task("add", _add_make, _add_check, multi_form=False),
         Task("perm", _perm_make, _perm_check, multi_form=True),
         Task("pick", _pick_make, _pick_check, multi_form=True),
         Task("pair", _pair_make, _pair_check, multi_form=True),

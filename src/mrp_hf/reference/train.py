@@ -117,7 +117,7 @@ def evaluate_static(model, tokenizer, items, batch_size: int = 64) -> tuple[floa
     return overall, {task: round(sum(v) / len(v), 3) for task, v in sorted(per_task.items())}
 
 
-def train_backbone(output_dir: str, steps: int = 5000, batch_size: int = 64, lr: float = 2e-3, warmup: int = 100,
+def train_backbone(output_dir: str, steps: int = 4600, batch_size: int = 64, lr: float = 2e-3, warmup: int = 100,
                    seed: int = 0, eval_every: int = 500, eval_per_task: int = 20, threads: int | None = None,
                    **model_kwargs) -> dict:
     """Train the reference DLM from scratch and save it (model, tokenizer, generation config, training info)."""
@@ -164,6 +164,7 @@ def train_backbone(output_dir: str, steps: int = 5000, batch_size: int = 64, lr:
         "seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr, "train_seconds": round(train_seconds, 1),
         "threads": torch.get_num_threads(), "tasks": sorted(TASKS), "history": history,
         "held_out_static_accuracy": accuracy, "held_out_static_accuracy_per_task": per_task, "eval_items": len(eval_items),
+        "eval_per_task": eval_per_task,
     }
     out = Path(output_dir)
     model.save_pretrained(out)
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("backbone", help="train the reference DLM from scratch")
     b.add_argument("--output", required=True)
-    b.add_argument("--steps", type=int, default=5000)
+    b.add_argument("--steps", type=int, default=4600)
     b.add_argument("--batch-size", type=int, default=64)
     b.add_argument("--lr", type=float, default=2e-3)
     b.add_argument("--seed", type=int, default=0)
