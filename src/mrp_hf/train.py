@@ -41,6 +41,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     io.add_argument("--dtype", dest="backbone_dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                     help="dtype the frozen backbone is loaded in")
     io.add_argument("--backbone-device-map", default=None, help='e.g. "auto": split a large backbone (one process only)')
+    io.add_argument("--no-shard-backbone", dest="shard_backbone", action="store_false",
+                    help="under an accelerate FSDP config, keep a full backbone copy per process instead of sharding its layers")
     io.add_argument("--max-length", type=int, default=1024)
     io.add_argument("--packing", action="store_true", help="pack samples into rows of --max-length")
     io.add_argument("--chat-template", action="store_true", help="wrap {prompt,response} rows in the chat template")

@@ -1,8 +1,10 @@
 """Atomic training checkpoints: everything a resumed run needs to continue bit for bit.
 
 Layout of `output_dir/checkpoint/`:
-    head.safetensors       the head's weights
-    optimizer.pt           AdamW state (tensors and numbers only: loaded with `weights_only=True`)
+    head.safetensors       the head's weights (the full, gathered weights under FSDP)
+    optimizer.pt           AdamW state (tensors and numbers only: loaded with `weights_only=True`); keyed by
+                           parameter index, or under FSDP the full state keyed by parameter name
+                           (`state_format` in trainer_state.json says which)
     scheduler.pt           the LR scheduler's state
     rng_state_<rank>.pt    python `random`, torch (CPU and CUDA) and the data-noise generator, per process
     trainer_state.json     optimizer step, epoch, batches consumed in the epoch, the training config
@@ -17,6 +19,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +68,14 @@ def set_rng_state(state: dict[str, Any], data_generator: torch.Generator) -> Non
 def save_checkpoint(
     accelerator,
     output_dir: str | os.PathLike,
-    head: torch.nn.Module,
-    optimizer,
+    head_state: dict[str, torch.Tensor] | None,
+    optimizer_state: dict[str, Any] | None,
     scheduler,
     data_generator: torch.Generator,
     trainer_state: dict[str, Any],
 ) -> Path:
-    """Write a checkpoint from every process (collective: all processes must call it)."""
+    """Write a checkpoint from every process (collective: all processes must call it). `head_state` and
+    `optimizer_state` are only read on the main process (the others may pass None)."""
     output_dir = Path(output_dir)
     tmp, final, old = output_dir / _TMP, output_dir / CHECKPOINT, output_dir / _OLD
     if accelerator.is_main_process:
@@ -80,9 +84,11 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     torch.save(rng_state(data_generator), tmp / f"rng_state_{accelerator.process_index}.pt")
     if accelerator.is_main_process:
-        weights = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+        if head_state is None or optimizer_state is None:
+            raise ValueError("the main process must pass the head and optimizer states")
+        weights = {k: v.detach().contiguous().cpu() for k, v in head_state.items()}
         save_file(weights, str(tmp / "head.safetensors"), metadata={"format": "pt"})
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(optimizer_state, tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n")
     accelerator.wait_for_everyone()
@@ -101,15 +107,24 @@ def save_checkpoint(
 def load_checkpoint(
     path: str | os.PathLike,
     accelerator,
-    head: torch.nn.Module,
-    optimizer,
+    load_head: Callable[[dict[str, torch.Tensor]], None],
+    load_optimizer: Callable[[dict[str, Any]], None],
     scheduler,
     data_generator: torch.Generator,
+    state_format: str = "plain",
 ) -> dict[str, Any]:
-    """Restore a checkpoint into the (prepared) objects; returns the trainer state."""
+    """Restore a checkpoint (every process reads it): the head's weights and the optimizer state go to the
+    given loaders, the schedule and this process's RNG states in place. Returns the trainer state."""
     path = Path(path)
-    head.load_state_dict(load_file(str(path / "head.safetensors"), device="cpu"))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
+    state = json.loads((path / STATE_FILE).read_text())
+    saved_format = state.get("state_format", "plain")
+    if saved_format != state_format:
+        raise ValueError(
+            f"{path} was written by a {saved_format!r} run and this run is {state_format!r} (FSDP checkpoints key "
+            f"the optimizer state by parameter name, the others by index): resume under the same setting."
+        )
+    load_head(load_file(str(path / "head.safetensors"), device="cpu"))
+    load_optimizer(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True))
     rng_file = path / f"rng_state_{accelerator.process_index}.pt"
     if not rng_file.is_file():
@@ -118,7 +133,7 @@ def load_checkpoint(
             f"({accelerator.num_processes}); resume with the same number of processes."
         )
     set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True), data_generator)
-    return json.loads((path / STATE_FILE).read_text())
+    return state
 
 
 def remove_checkpoints(output_dir: str | os.PathLike) -> None:

@@ -49,7 +49,9 @@ class MRPTrainingConfig:
     `disable_progress`, `logging_every`.
 
     Backbone (when given by id/path): `trust_remote_code`, `revision`, `backbone_family`, `mask_token_id`,
-    `backbone_dtype`, `backbone_device_map` (single process only).
+    `backbone_dtype`, `backbone_device_map` (single process only), `shard_backbone` (under an `accelerate`
+    FSDP config, shard the frozen backbone's transformer layers over the processes; False keeps a full
+    copy on every process: more memory, no all-gathers).
 
     Head: `num_hidden_layers`, `head_hidden_size`, `num_attention_heads` (default: the backbone's);
     other `MRPConfig` fields go to `train_head(**head_config_overrides)`.
@@ -103,6 +105,7 @@ class MRPTrainingConfig:
     mask_token_id: int | None = None
     backbone_dtype: str = "auto"
     backbone_device_map: Any = None
+    shard_backbone: bool = True
     # head
     num_hidden_layers: int = 3
     head_hidden_size: int | None = None

@@ -31,6 +31,8 @@ class HeadChain(nn.Module):
     def __init__(self, head: nn.Module):
         super().__init__()
         self.head = head
+        # FSDP's transformer-based auto wrap reads the layer classes from the wrapped model
+        self._no_split_modules = list(getattr(head, "_no_split_modules", None) or [])
 
     def forward(
         self,

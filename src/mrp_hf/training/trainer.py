@@ -1,8 +1,9 @@
 """`train_head`: train an MRP head on a frozen diffusion LM backbone with `accelerate`.
 
-The same code runs on one CPU, one GPU, or many GPUs under `accelerate launch -m mrp_hf.train` (DDP): the
-head, its optimizer, the data loader and the LR schedule go through `Accelerator.prepare`; the frozen
-backbone is only moved to the process's device (it has no gradients, so it needs no wrapper).
+The same code runs on one CPU, one GPU, or many GPUs under `accelerate launch -m mrp_hf.train` (DDP or
+FSDP): the head, its optimizer, the data loader and the LR schedule go through `Accelerator.prepare`; the
+frozen backbone is moved to the process's device (it has no gradients, so DDP needs no wrapper), or under
+FSDP its transformer layers are sharded over the processes (`training/distributed.py`).
 
 Steps of `train_head` (the comments in the code repeat them):
     1. Accelerator, seeds; the backbone (frozen, eval mode), its adapter, tokenizer and mask id.
@@ -46,6 +47,15 @@ from .data import (
     describe_rows,
     load_records,
     split_records,
+)
+from .distributed import (
+    fsdp_version,
+    full_model_state,
+    full_optimizer_state,
+    load_full_model_state,
+    load_full_optimizer_state,
+    shard_backbone,
+    split_wrap_classes,
 )
 from .objective import AgreementMeter, HeadChain, MRPObjective
 
@@ -196,12 +206,8 @@ def train_head(
 
     # 1. accelerator, seeds, backbone
     accelerator = Accelerator(mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum)
-    if accelerator.distributed_type.name in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
-        raise NotImplementedError(
-            f"{accelerator.distributed_type.name} shards the prepared model, which here is only the small MRP head: it "
-            f"would not shard the frozen backbone, and the checkpoints here save plain optimizer states. Use DDP "
-            f"(`accelerate config` -> multi-GPU); for a backbone larger than one GPU see docs/training.md."
-        )
+    fsdp = fsdp_version(accelerator)
+    _check_distributed(accelerator, config, fsdp)
     set_seed(config.seed)
     model, base_id, tokenizer, found_mask = _setup_backbone(backbone_or_path, tokenizer, config)
     mask_id = _token_id(config.mask_token_id, getattr(tokenizer, "mask_token_id", None), found_mask)
@@ -211,12 +217,15 @@ def train_head(
             f"mask token id {adapter.mask_token_id} is outside the backbone's vocabulary ({adapter.vocab_size}); "
             f"pass mask_token_id=<the tokenizer's mask id>."
         )
-    if config.backbone_device_map is None:
-        model.to(accelerator.device)
-    elif accelerator.num_processes > 1:
-        raise ValueError("backbone_device_map splits the backbone inside one process; do not combine it with several processes.")
     model.eval()
     model.requires_grad_(False)
+    shard = bool(fsdp and config.shard_backbone and accelerator.num_processes > 1)
+    if config.backbone_device_map is not None:
+        if accelerator.num_processes > 1:
+            raise ValueError("backbone_device_map splits the backbone inside one process; do not combine it with several processes.")
+    elif not shard:
+        model.to(accelerator.device)
+    # (under FSDP the backbone's layers are sharded once the head exists: step 3)
     block_length, grid = _resolve_block_length(adapter, config)
 
     # 2. data
@@ -270,6 +279,18 @@ def train_head(
     set_seed(config.seed)
     head = MRPHead(head_config)
     chain = HeadChain(head)
+    sharded_layers = 0
+    if fsdp:
+        # a layer class named in the FSDP config that the head lacks is the backbone's: shard those layers
+        backbone_classes = split_wrap_classes(accelerator.state.fsdp_plugin, chain)
+        if shard:
+            sharded_layers = shard_backbone(model, accelerator, backbone_classes)
+            if not sharded_layers:
+                logger.warning(
+                    "FSDP: no transformer layer class to shard in the backbone (it has no `_no_split_modules` and "
+                    "`fsdp_transformer_layer_cls_to_wrap` names none of its classes): it is replicated on every process."
+                )
+                model.to(accelerator.device)
     objective = MRPObjective.from_config(adapter, config, block_length=block_length, grid=grid)
     decay = [p for n, p in head.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in head.named_parameters() if p.ndim < 2]
@@ -293,7 +314,19 @@ def train_head(
         if found is None:
             logger.warning(f"resume=True but {output_dir} holds no checkpoint: starting from scratch.")
         else:
-            state = load_checkpoint(found, accelerator, accelerator.unwrap_model(chain).head, optimizer, scheduler, data_generator)
+            if fsdp:
+                def load_head(weights):
+                    load_full_model_state(accelerator, chain, weights, prefix="head.")
+
+                def load_optimizer(state):
+                    load_full_optimizer_state(accelerator, chain, optimizer, state)
+            else:
+                load_head = accelerator.unwrap_model(chain).head.load_state_dict
+                load_optimizer = optimizer.load_state_dict
+            state = load_checkpoint(
+                found, accelerator, load_head, load_optimizer, scheduler, data_generator,
+                state_format="fsdp" if fsdp else "plain",
+            )
             _check_resume_config(state.get("config", {}), config)
             if state.get("num_processes", accelerator.num_processes) != accelerator.num_processes:
                 logger.warning(
@@ -311,20 +344,26 @@ def train_head(
             "batches_in_epoch": batches_done,
             "total_steps": total_steps,
             "num_processes": accelerator.num_processes,
+            "state_format": "fsdp" if fsdp else "plain",
             "config": config.to_dict(),
             "history": history,
         }
 
     def checkpoint() -> str:
-        path = save_checkpoint(
-            accelerator, output_dir, accelerator.unwrap_model(chain).head, optimizer, scheduler, data_generator, trainer_state()
-        )
+        head_state = optimizer_state = None
+        if fsdp:  # gathering the full states is collective
+            head_state = full_model_state(accelerator, chain, prefix="head.")
+            optimizer_state = full_optimizer_state(accelerator, chain, optimizer)
+        elif accelerator.is_main_process:
+            head_state = accelerator.unwrap_model(chain).head.state_dict()
+            optimizer_state = optimizer.state_dict()
+        path = save_checkpoint(accelerator, output_dir, head_state, optimizer_state, scheduler, data_generator, trainer_state())
         return str(path)
 
     def evaluate() -> dict[str, Any] | None:
         if not eval_rows:
             return None
-        metrics = _evaluate(accelerator, chain, objective, eval_rows, collator, config)
+        metrics = _evaluate(accelerator, chain, objective, eval_rows, collator, config, lockstep=bool(fsdp))
         metrics["step"] = global_step
         history.append(metrics)
         if accelerator.is_main_process:
@@ -402,7 +441,6 @@ def train_head(
     # 6. final evaluation and the head-only artifact
     final = evaluate()
     seconds = time.perf_counter() - start_time
-    head = accelerator.unwrap_model(chain).head
     training = {
         "objective": config.objective,
         "k_steps": config.k_steps,
@@ -418,6 +456,7 @@ def train_head(
         "grad_accum": config.grad_accum,
         "num_processes": accelerator.num_processes,
         "global_batch_size": config.batch_size * config.grad_accum * accelerator.num_processes,
+        "distributed": _describe_distributed(accelerator, fsdp, sharded_layers),
         "lr": config.lr,
         "seed": config.seed,
         "mixed_precision": config.mixed_precision,
@@ -426,6 +465,12 @@ def train_head(
         "metrics": final,
     }
     head.config.training = training
+    if fsdp:
+        # the prepared head is sharded: gather its full weights (collective) into a plain head
+        weights = full_model_state(accelerator, chain, prefix="head.")
+        head = MRPHead(head.config)
+        if weights:
+            head.load_state_dict(weights)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         head.save_pretrained(str(output_dir))
@@ -436,7 +481,52 @@ def train_head(
         if not config.keep_checkpoint:
             remove_checkpoints(output_dir)
     accelerator.wait_for_everyone()
+    if fsdp and not weights:  # this process got no gathered copy: read the saved head
+        head.load_state_dict(MRPHead.from_pretrained(str(output_dir)).state_dict())
     return head.to("cpu").eval()
+
+
+def _check_distributed(accelerator, config: MRPTrainingConfig, fsdp: int | None) -> None:
+    kind = accelerator.distributed_type.name
+    if kind == "DEEPSPEED":
+        raise NotImplementedError(
+            "DeepSpeed is not supported for head training (untested: ZeRO partitions the head's optimizer state per "
+            "process, which these checkpoints do not gather, and it would not shard the frozen backbone). Use an "
+            "`accelerate` FSDP config (FULL_SHARD shards the head like ZeRO-3 and also shards the backbone's layers) "
+            "or DDP; see docs/training.md."
+        )
+    if kind == "MEGATRON_LM":
+        raise NotImplementedError("Megatron-LM is not supported for head training; use FSDP or DDP (docs/training.md).")
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and accelerator.num_processes == 1:
+        raise RuntimeError(
+            f"{launched} processes were launched but accelerate set up a single-process run in each (no GPU, and "
+            f"ACCELERATE_USE_CPU is not set: `accelerate launch --cpu` does not set it for FSDP configs): they would "
+            f"train independently and overwrite each other's output. On CPU, set ACCELERATE_USE_CPU=true."
+        )
+    if fsdp is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and accelerator.num_processes > 1:
+        logger.warning(
+            f"The accelerate config asks for FSDP but accelerate runs it as {kind} here (accelerate enables FSDP on "
+            f"GPUs/accelerators only, not with --cpu): head and backbone are replicated on every process."
+        )
+    if fsdp:
+        plugin = accelerator.state.fsdp_plugin
+        if getattr(plugin, "cpu_ram_efficient_loading", False):
+            raise ValueError(
+                "fsdp_cpu_ram_efficient_loading=true makes transformers load the backbone's weights on the first "
+                "process only and expects the trained model's FSDP wrapper to broadcast them; the frozen backbone is "
+                "not that model, so the other processes would keep uninitialised weights. Set it to false."
+            )
+        if config.backbone_device_map is not None:
+            raise ValueError("backbone_device_map cannot be combined with FSDP; FSDP shards the backbone's layers itself.")
+
+
+def _describe_distributed(accelerator, fsdp: int | None, sharded_layers: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": accelerator.distributed_type.name, "num_processes": accelerator.num_processes}
+    if fsdp:
+        out["fsdp_version"] = fsdp
+        out["backbone_sharded_layers"] = sharded_layers
+    return out
 
 
 def _adamw(groups, **kwargs) -> torch.optim.AdamW:
@@ -455,21 +545,34 @@ def _any_process(accelerator, flag: bool) -> bool:
 
 
 @torch.no_grad()
-def _evaluate(accelerator, chain, objective: MRPObjective, rows, collator, config: MRPTrainingConfig) -> dict[str, Any]:
-    """Held-out metrics with a fixed noise seed (the same masks and reveals at every evaluation)."""
-    model = accelerator.unwrap_model(chain)
+def _evaluate(
+    accelerator, chain, objective: MRPObjective, rows, collator, config: MRPTrainingConfig, lockstep: bool = False
+) -> dict[str, Any]:
+    """Held-out metrics with a fixed noise seed (the same masks and reveals at every evaluation).
+
+    With `lockstep` (FSDP: every forward of a sharded module is a collective), every process runs the same
+    number of batches: a process whose share of the rows is shorter repeats its first batch and drops the result.
+    """
+    # DDP: the unwrapped module (no gradient sync); FSDP: the wrapped one, which gathers its sharded weights
+    model = chain if lockstep else accelerator.unwrap_model(chain)
     was_training = model.training
     model.eval()
     meter = AgreementMeter(objective.k_steps)
     shard = rows[accelerator.process_index :: accelerator.num_processes]
     generator = torch.Generator().manual_seed(config.seed * 7 + 104_729 + accelerator.process_index)
     size = config.eval_batch_size or config.batch_size
-    for i in range(0, len(shard), size):
-        batch = {k: v.to(accelerator.device) for k, v in collator(shard[i : i + size]).items()}
+    batches = math.ceil(len(shard) / size)
+    if lockstep:
+        batches = math.ceil(math.ceil(len(rows) / accelerator.num_processes) / size)  # the first process's count
+    for b in range(batches):
+        part = shard[b * size : (b + 1) * size]
+        padding = not part
+        batch = {k: v.to(accelerator.device) for k, v in collator(part or (shard or rows)[:size]).items()}
         with accelerator.autocast():
-            prepared = objective.prepare(batch, generator, keep_base_logits=True)
+            prepared = objective.prepare(batch, torch.Generator().manual_seed(0) if padding else generator, keep_base_logits=True)
             logits = objective.step_logits(model, prepared)
-        meter.update(objective, logits, prepared)
+        if not padding:
+            meter.update(objective, logits, prepared)
     sums = meter.sums
     if accelerator.num_processes > 1:
         sums = accelerator.reduce(sums.to(accelerator.device), reduction="sum").cpu()
