@@ -10,10 +10,10 @@ PY=${PYTHON:-python}
 OUT=${1:-src/mrp_hf/reference/checkpoints}
 WORK=${MRP_BUILD_DIR:-$(mktemp -d)}
 BACKBONE_STEPS=${BACKBONE_STEPS:-4600}
-HEAD_STEPS=${HEAD_STEPS:-1500}
+HEAD_STEPS=${HEAD_STEPS:-3000}
 
 "$PY" -m mrp_hf.reference.train backbone --output "$WORK/backbone" --steps "$BACKBONE_STEPS" --seed 0
-"$PY" -m mrp_hf.reference.train head-data --output "$WORK/head-data.jsonl" --samples 24000 --seed 1
+"$PY" -m mrp_hf.reference.train head-data --output "$WORK/head-data.jsonl" --samples 48000 --seed 1
 "$PY" -m mrp_hf.cli train --backbone "$WORK/backbone" --dataset "$WORK/head-data.jsonl" --output "$WORK/head" \
   --max-length 32 --batch-size 32 --steps "$HEAD_STEPS" --lr 1e-3 --num-layers 2 --k-steps 2 \
   --reveal-per-block random --reveal-max 4 --reveal-order confidence --eval-every 500 --save-every 500 --seed 0

@@ -47,3 +47,21 @@ def test_demo_json_on_a_small_subset(tmp_path):
     assert speculative["identical_to_static"] is True and speculative["accuracy"] == rows[0]["accuracy"]
     assert speculative["tokens_per_forward"] > 1.0
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_bundled_head_finds_its_backbone_by_relative_path():
+    from mrp_hf import MRPModel
+
+    model = MRPModel.from_pretrained(str(bundled.head_path()))  # config: base_model_name_or_path "../backbone"
+    assert model.adapter.family == "mrp_reference" and model.head is not None
+
+
+def test_demo_with_a_head_and_a_prompts_file(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "perm:abc"}\n{"prompt": "sort:dcba"}\n')
+    out = tmp_path / "rows.json"
+    assert main(["demo", "--head", str(bundled.head_path()), "--prompts", str(prompts), "--thresholds", "0.3",
+                 "--json", str(out), "--no-progress"]) == 0
+    rows = json.loads(out.read_text())
+    assert rows[0]["accuracy"] is None  # no checker for a free prompts file
+    assert next(r for r in rows if r["mode"] == "speculative")["identical_to_static"] is True

@@ -205,9 +205,20 @@ class MRPModel(nn.Module):
         head: nn.Module | None = None,
         backbone_family: str | None = None,
         mask_token_id: int | None = None,
+        strict: bool = True,
     ) -> MRPModel:
-        """Wrap a loaded backbone (`PreTrainedModel`); the family is detected from its config unless forced."""
+        """Wrap a loaded backbone (`PreTrainedModel`); the family is detected from its config unless forced.
+
+        An `MRPHead` is checked against the backbone (vocab, hidden size, mask id, family, weight fingerprint;
+        `strict=False` turns a fingerprint mismatch into a warning), and its recorded mask id is used unless
+        `mask_token_id` is given."""
+        if isinstance(head, MRPHead):
+            backbone_family = backbone_family or head.config.backbone_family
+            if mask_token_id is None:
+                mask_token_id = head.config.mask_token_id
         adapter = get_adapter(backbone, backbone_family=backbone_family, mask_token_id=mask_token_id)
+        if isinstance(head, MRPHead):
+            check_head_matches_backbone(head.config, adapter, strict=strict)
         backbone.eval()
         return cls(backbone, adapter, head)
 
@@ -238,16 +249,16 @@ class MRPModel(nn.Module):
                 )
             backbone_kwargs.setdefault("revision", config.base_model_revision)
             backbone = load_backbone(
-                config.base_model_name_or_path, backbone_family=config.backbone_family, **backbone_kwargs
+                _base_model_location(config.base_model_name_or_path, head_name_or_path),
+                backbone_family=config.backbone_family, **backbone_kwargs,
             )
             if config.peft_adapter_id:
                 from peft import PeftModel
 
                 backbone = PeftModel.from_pretrained(backbone, config.peft_adapter_id, **hub_kwargs)
         model = cls.from_backbone(
-            backbone, head=head, backbone_family=config.backbone_family, mask_token_id=config.mask_token_id
+            backbone, head=head, backbone_family=config.backbone_family, mask_token_id=config.mask_token_id, strict=strict
         )
-        check_head_matches_backbone(config, model.adapter, strict=strict)
         head.to(device=model.device)
         head.eval()
         return model
@@ -370,6 +381,16 @@ class MRPModel(nn.Module):
         return output if return_dict_in_generate else output.sequences
 
 
+def _base_model_location(base: str, head_name_or_path: str) -> str:
+    """A base model recorded as a relative path ("../backbone") is relative to a local head folder, so a head
+    saved next to its backbone (the bundled reference head) keeps pointing at it wherever the pair is copied."""
+    import os
+
+    if base.startswith(("./", "../")) and os.path.isdir(head_name_or_path):
+        return os.path.normpath(os.path.join(head_name_or_path, base))
+    return base
+
+
 def _check_head_block_length(config: MRPGenerationConfig, head: MRPHead) -> None:
     trained = head.config.block_length
     if trained is not None and config.block_length is not None and config.block_length != trained:
@@ -418,9 +439,7 @@ def attach(backbone: nn.Module, head: MRPHead | None = None, strict: bool = True
     The backbone's own `generate` stays reachable as `backbone.mrp.backbone.__class__.generate`; the wrapper
     is `backbone.mrp`.
     """
-    model = MRPModel.from_backbone(backbone, head=head, **kwargs)
-    if head is not None:
-        check_head_matches_backbone(head.config, model.adapter, strict=strict)
+    model = MRPModel.from_backbone(backbone, head=head, strict=strict, **kwargs)
     object.__setattr__(backbone, "mrp", model)  # not a submodule: saving the backbone must not save the head
     backbone.generate = model.generate
     return backbone

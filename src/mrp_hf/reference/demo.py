@@ -28,7 +28,8 @@ def demo_modes(thresholds=DEFAULT_THRESHOLDS, draft_tokens: int = 3, direct_toke
     """static, dynamic@t and remask@t for each threshold, speculative (K drafts), direct (K head steps)."""
     modes: list[dict[str, Any]] = [{"mode": "static"}]
     modes += [{"mode": "dynamic", "threshold": t} for t in thresholds]
-    modes += [{"mode": "remask", "threshold": t, "remask_rule": remask_rule} for t in thresholds]
+    rule = {} if remask_rule == "confidence" else {"remask_rule": remask_rule}  # the default stays out of labels
+    modes += [{"mode": "remask", "threshold": t, **rule} for t in thresholds]
     modes += [{"mode": "speculative", "mrp_draft_tokens": draft_tokens}, {"mode": "direct", "mrp_draft_tokens": direct_tokens}]
     return modes
 
@@ -119,7 +120,7 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the demo; returns {"rows": [...], "targets": {...}, "table": str}."""
     from ..evaluation.runner import format_table, plot_rows, run_modes, write_json
-    from ..modeling_mrp import MRPModel
+    from ..modeling_mrp import MRPModel, _base_model_location
     from .tasks import ANSWER_LENGTH, held_out_items
 
     # 1. backbone and head
@@ -132,7 +133,7 @@ def run_demo(
 
         backbone_model = load_backbone(backbone, trust_remote_code=trust_remote_code) if backbone else None
         model = MRPModel.from_pretrained(head, backbone=backbone_model, trust_remote_code=trust_remote_code)
-        source = backbone or model.head.config.base_model_name_or_path
+        source = backbone or _base_model_location(model.head.config.base_model_name_or_path, head)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     # 2. prompts
     if prompts_file is not None:

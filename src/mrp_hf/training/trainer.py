@@ -275,7 +275,8 @@ def train_head(
     overrides.setdefault("block_length", block_length)
     if config.revision is not None:
         overrides.setdefault("base_model_revision", config.revision)
-    head_config = MRPConfig.for_backbone(adapter, base_model_name_or_path=base_id, **overrides)
+    overrides.setdefault("base_model_name_or_path", base_id)  # a caller may name the base model (e.g. a Hub id)
+    head_config = MRPConfig.for_backbone(adapter, **overrides)
     set_seed(config.seed)
     head = MRPHead(head_config)
     chain = HeadChain(head)
