@@ -7,6 +7,7 @@ from test_engine_families import ALL_FAMILIES
 
 import mrp_hf
 from mrp_hf import MRPConfig, MRPHead, MRPModel
+from mrp_hf.generation.strategies import BlockDecoder
 
 
 def make_head(model, kind):
@@ -106,3 +107,164 @@ def test_speculative_with_a_trained_head_is_still_exact_and_accepts_more(tmp_pat
             if temperature == 0:
                 accepted[name] = out.stats.accepted_drafts
     assert accepted["trained"] >= accepted["untrained"], accepted
+
+
+# ---------------------------------------------------------------- verify layouts: stacked vs packed
+# (model, prefix_cache) settings of every family whose forward takes an explicit pattern: block-causal with
+# and without the exact cache, bidirectional without a cache and with the approximate one; the reference DLM
+# decodes blocks of 4 inside its model blocks of 8 (the verify input then starts mid model block)
+PACKING = [("sdar", None), ("sdar", False), ("llada2", None), ("dream", None), ("dream", True),
+           ("reference", None), ("reference", False), ("reference_bidirectional", None), ("reference_bidirectional", True)]
+
+
+def tiny_reference(attention):
+    from mrp_hf.reference import ReferenceDLM, ReferenceDLMConfig
+
+    torch.manual_seed(0)
+    config = ReferenceDLMConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, block_size=8, attention=attention, max_position_embeddings=256,
+                                mask_token_id=STAND_IN_MASK_ID, pad_token_id=0, eos_token_id=125)
+    model = ReferenceDLM(config)
+    with torch.no_grad():
+        for p in model.parameters():  # large weights: logits far from uniform, so no near-ties
+            p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def packing_models(models):
+    out = {name: models[name] for name in ("sdar", "llada2", "dream")}
+    out["reference"] = tiny_reference("block_causal")
+    out["reference_bidirectional"] = tiny_reference("bidirectional")
+    return out
+
+
+@pytest.mark.parametrize(("family", "prefix_cache"), PACKING)
+@pytest.mark.parametrize("layout", ["stacked", "packed"])
+@pytest.mark.parametrize("head_kind", ["untrained", "random"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_speculative_equals_static_in_both_layouts(packing_models, family, prefix_cache, layout, head_kind, temperature):
+    backbone = packing_models[family]
+    plain = MRPModel.from_backbone(backbone, mask_token_id=STAND_IN_MASK_ID)
+    spec = MRPModel.from_backbone(backbone, head=make_head(backbone, head_kind), mask_token_id=STAND_IN_MASK_ID)
+    assert spec.adapter.can_pack
+    ids, mask = batch([[5, 17, 33, 9, 60, 2, 71, 40], [9, 60, 2], [44, 45, 46, 47, 48]])
+    kwargs = dict(max_new_tokens=8, block_length=4, temperature=temperature, seed=7, prefix_cache=prefix_cache,
+                  return_dict_in_generate=True)
+    static = plain.generate(ids, attention_mask=mask, **kwargs)
+    out = spec.generate(ids, attention_mask=mask, mrp_mode="speculative", mrp_draft_tokens=3, verify_layout=layout, **kwargs)
+    assert torch.equal(out.sequences, static.sequences)
+    assert out.stats.row_new_tokens == static.stats.row_new_tokens
+    assert out.stats.backbone_forwards <= static.stats.backbone_forwards
+
+
+@pytest.mark.parametrize(("family", "prefix_cache"), PACKING)
+def test_packed_and_stacked_count_the_same(packing_models, family, prefix_cache):
+    backbone = packing_models[family]
+    spec = MRPModel.from_backbone(backbone, head=make_head(backbone, "random"), mask_token_id=STAND_IN_MASK_ID)
+    ids, mask = batch([[5, 17, 33, 9, 60, 2, 71, 40], [9, 60, 2], [44, 45, 46, 47, 48]])
+    runs = {
+        layout: spec.generate(ids, attention_mask=mask, max_new_tokens=16, block_length=4, prefix_cache=prefix_cache,
+                              mrp_mode="speculative", verify_layout=layout, return_dict_in_generate=True)
+        for layout in ("stacked", "packed")
+    }
+    stacked, packed = runs["stacked"], runs["packed"]
+    assert torch.equal(packed.sequences, stacked.sequences)
+    assert packed.stats.to_dict() == stacked.stats.to_dict()
+
+
+def _cache_tensors(cache):
+    if cache is None:
+        return []
+    if hasattr(cache, "layers"):
+        return [t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
+    return [t.clone() for t in (*cache.key_cache, *cache.value_cache)]
+
+
+class _CompareVerifyLayouts(BlockDecoder):
+    """Per block: a seed forward, then the same verify forward (candidate states made of random reveals) in
+    both layouts, from the same cache; records the two outputs and the caches after; then fills the block."""
+
+    def __init__(self, copies):
+        self.copies = copies
+        self.records = []
+
+    def decode_block(self, engine, state, start, end):
+        seed = engine.forward(state, start, end, step=0, output_hidden_states=True)
+        n, copies = state.active.numel(), self.copies
+        generator = torch.Generator().manual_seed(start)
+        candidates = state.canvas[state.active].repeat_interleave(copies, dim=0)
+        block = candidates[:, start:end]
+        share = torch.arange(copies).repeat(n)[:, None] / copies  # copy j reveals about j/copies of the block
+        reveal = (torch.rand(block.shape, generator=generator) < share) & (block == engine.mask_id)
+        candidates[:, start:end] = torch.where(reveal, torch.randint(3, 120, block.shape, generator=generator), block)
+        before = _cache_tensors(state.cache)
+        record = {}
+        for layout in ("stacked", "packed"):
+            if state.cache is not None:  # both layouts start from the same cache
+                for mine, saved in zip(_cache_tensors(state.cache), before, strict=True):
+                    assert torch.equal(mine, saved)
+            forwards = (state.stats.backbone_forwards, list(state.stats.row_backbone_forwards))
+            out = engine.forward(state, start, end, 1, output_hidden_states=True, canvas=candidates, copies=copies,
+                                 layout=layout)
+            counted = (state.stats.backbone_forwards - forwards[0],
+                       [b - a for a, b in zip(forwards[1], state.stats.row_backbone_forwards, strict=True)])
+            record[layout] = (out, _cache_tensors(state.cache), counted)
+        self.records.append(record)
+        masked = state.canvas[state.active, start:end] == engine.mask_id
+        state.canvas[state.active, start:end] = torch.where(masked, seed.logits.argmax(-1), state.canvas[state.active, start:end])
+
+
+@pytest.mark.parametrize(("family", "prefix_cache"), PACKING)
+def test_packed_verify_logits_equal_stacked(packing_models, family, prefix_cache):
+    from mrp_hf.generation.config import MRPGenerationConfig
+    from mrp_hf.generation.engine import DecodingEngine
+
+    backbone = packing_models[family]
+    adapter = mrp_hf.get_adapter(backbone, mask_token_id=STAND_IN_MASK_ID)
+    config = MRPGenerationConfig(max_new_tokens=12, block_length=4, prefix_cache=prefix_cache)
+    decoder = _CompareVerifyLayouts(copies=4)
+    ids, mask = batch([[5, 17, 33, 9, 60, 2, 71, 40, 11], [9, 60, 2], [44, 45, 46, 47, 48]])
+    DecodingEngine(adapter, config, block_decoder=decoder).run(ids, mask)
+    assert len(decoder.records) == 3
+    for record in decoder.records:
+        (stacked, stacked_cache, stacked_count), (packed, packed_cache, packed_count) = record["stacked"], record["packed"]
+        assert packed.logits.shape == stacked.logits.shape
+        by_copy = stacked.logits.view(-1, decoder.copies, *stacked.logits.shape[1:])
+        assert not torch.allclose(by_copy[:, 0], by_copy[:, -1])  # the candidates really differ
+        torch.testing.assert_close(packed.logits, stacked.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(packed.hidden_states, stacked.hidden_states, rtol=1e-4, atol=1e-4)
+        assert len(packed_cache) == len(stacked_cache)
+        for mine, theirs in zip(packed_cache, stacked_cache, strict=True):
+            assert mine.shape == theirs.shape
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+        assert packed_count == stacked_count and packed_count[0] == 1
+
+
+def test_verify_layout_choice(models, packing_models):
+    from mrp_hf.generation.config import MRPGenerationConfig
+    from mrp_hf.generation.engine import DecodingEngine
+
+    def layout(model, **kwargs):
+        adapter = mrp_hf.get_adapter(model, mask_token_id=STAND_IN_MASK_ID)
+        return DecodingEngine(adapter, MRPGenerationConfig(max_new_tokens=8, block_length=4, **kwargs)).verify_layout()
+
+    with pytest.raises(ValueError, match="verify_layout"):
+        MRPGenerationConfig(verify_layout="diagonal")
+    for family in ("llada", "fast_dllm_v2", "bert", "modernbert"):
+        assert layout(models[family]) == "stacked"
+        assert layout(models[family], verify_layout="stacked") == "stacked"
+        with pytest.raises(ValueError, match=r"'(llada|fast_dllm_v2|masked_lm)' family .*verify_layout='stacked'"):
+            layout(models[family], verify_layout="packed")
+    for model in packing_models.values():
+        assert layout(model, verify_layout="packed") == "packed"
+        adapter = mrp_hf.get_adapter(model, mask_token_id=STAND_IN_MASK_ID)
+        assert layout(model, prefix_cache=True if adapter.accepts_cache else None) == adapter.preferred_verify_layout
+    # bidirectional without a cache: the copies would share nothing, so "auto" stacks them
+    assert layout(packing_models["dream"]) == "stacked"
+    assert layout(packing_models["reference_bidirectional"]) == "stacked"
+    # the error is raised by generate() too, before any forward
+    spec = MRPModel.from_backbone(models["llada"], head=make_head(models["llada"], "untrained"), mask_token_id=STAND_IN_MASK_ID)
+    with pytest.raises(ValueError, match="'llada' family"):
+        spec.generate(torch.tensor([[5, 17, 33, 9]]), max_new_tokens=8, block_length=4, mrp_mode="speculative",
+                      verify_layout="packed")

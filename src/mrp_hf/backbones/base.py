@@ -56,6 +56,11 @@ class BackboneAdapter:
     supports_padding: ClassVar[bool] = True
     #: config fields that bound the positions a model can address
     max_positions_fields: ClassVar[tuple[str, ...]] = ("max_position_embeddings", "max_sequence_length", "n_positions")
+    #: the forward takes an explicit 4-D attention pattern (see `packed_attention_mask`) and position ids, so the
+    #: speculative verifier can pack several candidate versions of a block into one sequence
+    packed_verify: ClassVar[bool] = False
+    #: `verify_layout="auto"`: the layout measured faster for this family (benchmarks/bench_verify_layout.py)
+    preferred_verify_layout: ClassVar[str] = "stacked"
 
     def __init__(self, model: nn.Module, mask_token_id: int | None = None):
         self.model = model
@@ -179,6 +184,16 @@ class BackboneAdapter:
         """
         return attention_mask
 
+    @property
+    def can_pack(self) -> bool:
+        """The verifier may pack candidate states into one sequence (needs the pattern and position ids)."""
+        return self.packed_verify and self.accepts_position_ids
+
+    def packed_attention_mask(self, allowed: torch.Tensor) -> Any:
+        """The `attention_mask` argument for an explicit pattern: `allowed` is bool [B, 1, q, k] over every
+        key (cached + current; the queries are the last q keys). Families with `packed_verify` override it."""
+        raise NotImplementedError(f"{self.family} takes no explicit attention pattern (packed_verify is False).")
+
     def model_inputs(self, input_ids, attention_mask, position_ids, past_key_values, grid=None) -> dict[str, Any]:
         """Keyword arguments for the model's forward; override for families with other names."""
         mask = None if attention_mask is None else self.attention_inputs(attention_mask, input_ids.shape[1], grid)
@@ -200,11 +215,14 @@ class BackboneAdapter:
         past_key_values: Any = None,
         output_hidden_states: bool = False,
         grid: int | None = None,
+        pattern: torch.Tensor | None = None,
     ) -> BackboneOutput:
         """One backbone forward returning aligned logits (and the lm_head's input when asked).
 
         The hidden state is captured by a hook on the lm_head's input, so it costs no second forward and
-        no per-layer `output_hidden_states`.
+        no per-layer `output_hidden_states`. `pattern` (bool [B, 1, q, k], families with `packed_verify`)
+        replaces the pattern built from `attention_mask`; logits are then shifted over the whole input, so
+        for shifted families the caller reads only positions whose predecessor belongs to the same segment.
         """
         captured: list[torch.Tensor] = []
         handle = None
@@ -213,7 +231,12 @@ class BackboneAdapter:
                 lambda _module, args: captured.append(args[0])
             )
         try:
-            out = self.model(**self.model_inputs(input_ids, attention_mask, position_ids, past_key_values, grid))
+            if pattern is None:
+                inputs = self.model_inputs(input_ids, attention_mask, position_ids, past_key_values, grid)
+            else:
+                inputs = self.model_inputs(input_ids, None, position_ids, past_key_values, grid)
+                inputs["attention_mask"] = self.packed_attention_mask(pattern)
+            out = self.model(**inputs)
         finally:
             if handle is not None:
                 handle.remove()

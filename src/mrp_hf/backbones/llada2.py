@@ -20,12 +20,17 @@ class LLaDA2Adapter(BackboneAdapter):
     block_causal = True
     block_size_fields = ("block_size", "block_length")
     default_mask_token_id = 156895
+    packed_verify = True
+    preferred_verify_layout = "packed"
 
     @property
     def accepts_cache(self) -> bool:
         return False
 
     def attention_inputs(self, attention_mask, query_length, grid):
-        allowed = allowed_keys(attention_mask, query_length, grid)
+        return self.packed_attention_mask(allowed_keys(attention_mask, query_length, grid))
+
+    def packed_attention_mask(self, allowed):
+        """The 4-D additive float mask (0 where allowed, the dtype's minimum elsewhere) the Hub code expects."""
         dtype = self.get_input_embeddings().weight.dtype
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)

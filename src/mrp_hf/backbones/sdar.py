@@ -19,9 +19,14 @@ class SDARAdapter(BackboneAdapter):
     block_size_fields = ("block_size", "block_length")
     default_mask_token_id = 151669
     default_block_length = 4
+    packed_verify = True
+    preferred_verify_layout = "packed"
 
     def attention_inputs(self, attention_mask, query_length, grid):
         return allowed_keys(attention_mask, query_length, grid)
+
+    def packed_attention_mask(self, allowed):
+        return allowed  # SDAR reads a 4-D boolean pattern as is
 
     def model_inputs(self, input_ids, attention_mask, position_ids, past_key_values, grid=None):
         inputs = super().model_inputs(input_ids, attention_mask, position_ids, past_key_values, grid)

@@ -9,6 +9,7 @@ from transformers import GenerationConfig
 MRP_MODES = ("off", "speculative", "remask", "direct")
 CONFIDENCE_RULES = ("top_prob", "margin", "neg_entropy", "random")
 REMASK_RULES = ("confidence", "residual")
+VERIFY_LAYOUTS = ("auto", "stacked", "packed")
 
 # Our own fields and their defaults. Sampling fields are set here too because transformers 4.x and 5.x
 # disagree on their defaults (4.x: top_k=50, temperature=1.0), and decoding must not change with the version.
@@ -27,6 +28,7 @@ _DEFAULTS: dict[str, Any] = {
     "mrp_draft_tokens": 3,
     "remask_rule": "confidence",
     "remask_delta": 1.5,
+    "verify_layout": "auto",  # speculative verify: candidates "stacked" in the batch or "packed" in one sequence
     "mask_token_id": None,
 }
 
@@ -51,6 +53,10 @@ class MRPGenerationConfig(GenerationConfig):
             `False` disables caching.
         mrp_mode: `"off"`, `"speculative"`, `"remask"` or `"direct"` (the last three need an MRP head).
         mrp_draft_tokens: drafts per round for the speculative and direct modes.
+        verify_layout: how the speculative verify forward holds the K+1 candidate states of a row: `"stacked"`
+            in the batch dimension, `"packed"` in one sequence with block-diagonal attention over the shared
+            prefix (families whose forward takes an explicit 4-D pattern), or `"auto"` (the layout measured
+            faster for the family). Both give the same tokens.
         eos_token_id, pad_token_id: a row stops after a block containing EOS; later tokens become pad.
     """
 
@@ -80,6 +86,8 @@ class MRPGenerationConfig(GenerationConfig):
             raise ValueError(f"Unknown mrp_mode {self.mrp_mode!r}; choose one of {list(MRP_MODES)}.")
         if self.confidence not in CONFIDENCE_RULES:
             raise ValueError(f"Unknown confidence {self.confidence!r}; choose one of {list(CONFIDENCE_RULES)}.")
+        if self.verify_layout not in VERIFY_LAYOUTS:
+            raise ValueError(f"Unknown verify_layout {self.verify_layout!r}; choose one of {list(VERIFY_LAYOUTS)}.")
         if self.remask_rule not in REMASK_RULES:
             raise ValueError(f"Unknown remask_rule {self.remask_rule!r}; choose one of {list(REMASK_RULES)}.")
         _positive_int("max_new_tokens", self.max_new_tokens)

@@ -348,13 +348,33 @@ class DecodingEngine:
 
         return DynamicCache()
 
+    def verify_layout(self) -> str:
+        """The resolved `verify_layout` for this backbone: "stacked" or "packed" (see `forward`)."""
+        wanted, adapter = self.config.verify_layout, self.adapter
+        if wanted == "packed" and not adapter.can_pack:
+            raise ValueError(
+                f"verify_layout='packed' needs a backbone whose forward takes an explicit 4-D attention pattern and "
+                f"position ids; the {adapter.family!r} family ({type(adapter.model).__name__}) does not. Use "
+                f"verify_layout='stacked' (or 'auto', which picks the best layout the family supports)."
+            )
+        if wanted != "auto":
+            return wanted
+        if not adapter.can_pack or (self.grid is None and not self.use_cache):
+            return "stacked"  # bidirectional without a cache: the copies would share no prefix
+        return adapter.preferred_verify_layout
+
     def forward(self, state: DecodingState, start: int, end: int, step: int, output_hidden_states: bool = False,
-                canvas: torch.Tensor | None = None, copies: int = 1, has_work: torch.Tensor | None = None) -> BackboneOutput:
+                canvas: torch.Tensor | None = None, copies: int = 1, has_work: torch.Tensor | None = None,
+                layout: str = "stacked") -> BackboneOutput:
         """One counted backbone forward for the current block of every active row.
 
         Returns the block's aligned logits (and hidden states when asked). `canvas` replaces the active rows'
-        canvas with `copies` candidate versions of each row, stacked row-major ([n * copies, T]): the
-        speculative verifier evaluates several candidate states of the block in this one forward.
+        canvas with `copies` candidate versions of each row, stacked row-major ([n * copies, T]), which
+        differ only inside the block: the speculative verifier evaluates several candidate states of the
+        block in this one forward. `layout="stacked"` runs them as n * copies rows (the prefix cache repeated
+        per copy); `layout="packed"` runs n rows, each the shared prefix once followed by the copies'
+        segments, with block-diagonal attention (`_packed_forward`). The block outputs come back
+        [n * copies, L, ...] either way, and the cache comes out the same.
 
         Without cache the input is the canvas up to the block end (block-causal: later blocks cannot be seen)
         or the whole canvas (bidirectional). With the exact block-causal cache the input starts at the first
@@ -369,37 +389,92 @@ class DecodingEngine:
             canvas = state.canvas if every_row else state.canvas[active]
         canvas_mask = state.canvas_mask if every_row else state.canvas_mask[active]
         positions = state.positions if every_row else state.positions[active]
-        if copies > 1:
-            canvas_mask = canvas_mask.repeat_interleave(copies, dim=0)
-            positions = positions.repeat_interleave(copies, dim=0)
         visible_end = end if adapter.block_causal else canvas.shape[1]
         cache = state.cache
         if cache is not None and not adapter.exact_prefix_cache and step == 0:
             cache = state.cache = self._new_cache()  # approximate cache: refreshed at each block's first step
         in_start = cache_length(cache)
-        if cache is not None and copies > 1:
-            cache.batch_repeat_interleave(copies)
-        out = adapter.forward(
-            canvas[:, in_start:visible_end],
-            attention_mask=canvas_mask[:, :visible_end],
-            position_ids=positions[:, in_start:visible_end],
-            past_key_values=cache,
-            output_hidden_states=output_hidden_states,
-            grid=self.grid,
-        )
-        if cache is not None:
-            grid = self.grid or 1
-            crop_cache(cache, min((start // grid) * grid, start - shift))
+        grid = self.grid or 1
+        keep = min((start // grid) * grid, start - shift)  # the cache is cropped back to this many positions
+        if copies > 1 and layout == "packed":
+            out = self._packed_forward(canvas, canvas_mask, positions, cache, copies, start, end, visible_end,
+                                       keep, output_hidden_states)
+        else:
             if copies > 1:
-                select_cache_rows(cache, torch.arange(0, canvas.shape[0], copies, device=canvas.device))
+                canvas_mask = canvas_mask.repeat_interleave(copies, dim=0)
+                positions = positions.repeat_interleave(copies, dim=0)
+                if cache is not None:
+                    cache.batch_repeat_interleave(copies)
+            out = adapter.forward(
+                canvas[:, in_start:visible_end],
+                attention_mask=canvas_mask[:, :visible_end],
+                position_ids=positions[:, in_start:visible_end],
+                past_key_values=cache,
+                output_hidden_states=output_hidden_states,
+                grid=self.grid,
+            )
+            block = slice(start - in_start, end - in_start)
+            hidden = out.hidden_states[:, block] if out.hidden_states is not None else None
+            out = BackboneOutput(logits=out.logits[:, block], hidden_states=hidden)
+            if cache is not None:
+                crop_cache(cache, keep)
+                if copies > 1:
+                    select_cache_rows(cache, torch.arange(0, canvas.shape[0], copies, device=canvas.device))
         state.stats.backbone_forwards += 1
         if has_work is None:  # rows that still had masked positions in the block: the forward was for them
             has_work = (state.canvas[active, start:end] == self.mask_id).any(dim=1)
         for row, work in zip(active.tolist(), has_work.tolist(), strict=True):
             state.stats.row_backbone_forwards[row] += work
-        block = slice(start - in_start, end - in_start)
-        hidden = out.hidden_states[:, block] if out.hidden_states is not None else None
-        return BackboneOutput(logits=out.logits[:, block], hidden_states=hidden)
+        return out
+
+    def _packed_forward(self, canvas, canvas_mask, positions, cache, copies, start, end, visible_end, keep,
+                        output_hidden_states) -> BackboneOutput:
+        """The candidate versions of each row's block packed into one sequence per row.
+
+        Each of the n rows is fed as [shared | copy 0 | copy 1 | ...]: `shared` is the uncached input that no
+        copy can influence, copy j the j-th candidate's positions from `shared_end` to the visible end, with
+        the same position ids in every copy. A query of copy j sees the cache, `shared` and copy j only, under
+        the family's usual rule (padding, and the block-causal grid) applied to canvas positions, so each
+        copy computes exactly what its own row computes in the stacked layout:
+        - block-causal: what lies before the model block holding `start - shift` cannot see the block, so it
+          is shared (it is also what the cache keeps); the copies hold the rest up to the block end;
+        - bidirectional: every position attends to the block, so nothing uncached is shared and each copy
+          holds everything from the cache end (the whole canvas without a cache, or the block and what
+          follows it with the approximate cache).
+        The cache gets shared + copy 0 appended and is cropped back to `keep` positions, which never reach
+        past copy 0's unchanged part (positions before `start`), so it ends exactly as after a stacked verify.
+        """
+        adapter, grid = self.adapter, self.grid
+        shift = 1 if adapter.shifted_logits else 0
+        n, width = canvas.shape[0] // copies, canvas.shape[1]
+        in_start = cache_length(cache)
+        shared_end = max(in_start, ((start - shift) // grid) * grid) if grid else in_start
+        if shared_end > start - shift:  # a shifted block's first logit must come from its own copy
+            raise RuntimeError(f"cannot pack the verify forward: cache {in_start}, block [{start}, {end}), keep {keep}")
+        length = visible_end - shared_end  # one copy's segment
+        rows = canvas.view(n, copies, width)
+        input_ids = torch.cat([rows[:, 0, in_start:shared_end], rows[:, :, shared_end:visible_end].reshape(n, -1)], dim=1)
+        position_ids = torch.cat([positions[:, in_start:shared_end], positions[:, shared_end:visible_end].repeat(1, copies)], dim=1)
+        device = canvas.device
+        key_pos = torch.cat([torch.arange(shared_end, device=device), torch.arange(shared_end, visible_end, device=device).repeat(copies)])
+        key_copy = torch.cat([torch.full((shared_end,), -1, device=device),
+                              torch.arange(copies, device=device).repeat_interleave(length)])
+        query_pos, query_copy = key_pos[in_start:], key_copy[in_start:]
+        same = (key_copy[None, :] < 0) | (key_copy[None, :] == query_copy[:, None])
+        if grid:
+            same &= key_pos[None, :] // grid <= query_pos[:, None] // grid
+        pattern = canvas_mask[:, key_pos].bool()[:, None, None, :] & same[None, None]
+        out = adapter.forward(input_ids, position_ids=position_ids, past_key_values=cache,
+                              output_hidden_states=output_hidden_states, grid=grid, pattern=pattern)
+        if cache is not None:
+            crop_cache(cache, keep)
+        shared, block = shared_end - in_start, slice(start - shared_end, end - shared_end)
+
+        def per_copy(x):
+            return x[:, shared:].reshape(n, copies, length, -1)[:, :, block].reshape(n * copies, end - start, -1)
+
+        hidden = per_copy(out.hidden_states) if out.hidden_states is not None else None
+        return BackboneOutput(logits=per_copy(out.logits), hidden_states=hidden)
 
     def propose(self, state: DecodingState, logits: torch.Tensor, start: int, end: int,
                 masked: torch.Tensor, committed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,8 +4,8 @@ One round, from exact backbone logits on the current state S (the seed):
 1. the backbone's own pick on S (most confident masked position, its token) is exact: commit it -> S_1;
 2. drafting: the head, applied recurrently on the hidden-state accumulator, predicts the logits of
    S_1, S_2, ... and proposes the pick d_k on each S_k -> S_{k+1} = S_k + d_k (no backbone forward);
-3. verification: ONE backbone forward over the candidate states S_1 .. S_{K+1} stacked in the batch;
-   d_k is accepted iff the backbone's pick on S_k is d_k (same position, same token); each row keeps its
+3. verification: ONE backbone forward over the candidate states S_1 .. S_{K+1}, stacked in the batch or
+   packed in one sequence per row (`verify_layout`, see `DecodingEngine.forward`); d_k is accepted iff the backbone's pick on S_k is d_k (same position, same token); each row keeps its
    own longest accepted prefix, and the verify logits of the state it stops at seed the next round.
 Picks are made by the same `TokenProposer` as static decoding, with the same committed count, so the
 keyed random draws coincide and the output equals static decoding token for token, greedy or sampled.
@@ -47,6 +47,7 @@ class SpeculativeDecoder(BlockDecoder):
     @torch.no_grad()
     def decode_block(self, engine, state, start: int, end: int) -> None:
         mask_id = engine.mask_id
+        layout = engine.verify_layout()
         seed = engine.forward(state, start, end, step=0, output_hidden_states=True)
         step = 1
         while True:
@@ -77,7 +78,8 @@ class SpeculativeDecoder(BlockDecoder):
             n, length = block.shape
             candidates = state.canvas[active].repeat_interleave(copies, dim=0)
             candidates[:, start:end] = torch.stack(states, dim=1).reshape(n * copies, length)
-            verify = engine.forward(state, start, end, step, output_hidden_states=True, canvas=candidates, copies=copies)
+            verify = engine.forward(state, start, end, step, output_hidden_states=True, canvas=candidates, copies=copies,
+                                    layout=layout)
             step += 1
             logits = verify.logits.view(n, copies, length, -1)
             hidden = verify.hidden_states.view(n, copies, length, -1)
