@@ -120,6 +120,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remask-rule", choices=["confidence", "residual"], default="confidence")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (1: latency regime)")
     p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--timing-repeats", type=int, default=3, help="decode each batch N times, keep the fastest time")
     p.add_argument("--output", help="folder for results.jsonl (resumable), rows.json and plot.png")
     p.add_argument("--json", dest="json_path", help="write the rows as a JSON list here")
     p.add_argument("--plot", help="write the PNG plot here (default: OUTPUT/plot.png when --output is given)")
@@ -138,7 +139,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, output_dir=args.output,
         json_path=args.json_path, plot_path=plot, progress=not args.no_progress,
         trust_remote_code=args.trust_remote_code,
-        tasks=tuple(args.tasks.split(",")) if args.tasks else None,
+        tasks=tuple(args.tasks.split(",")) if args.tasks else None, timing_repeats=args.timing_repeats,
     )
     print(result["table"])
     if plot:
@@ -154,7 +155,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from .evaluation import format_table, get_task, parse_modes, plot_rows, run_modes, write_json
-    from .modeling_mrp import MRPHead, MRPModel
+    from .modeling_mrp import MRPHead, MRPModel, _base_model_location
 
     if not args.backbone and not args.head:
         print("mrp-hf eval: give --head PATH (its config names the backbone) and/or --backbone ID_OR_PATH",
@@ -191,7 +192,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
         backbone = load_backbone(args.backbone, **load) if args.backbone else None
         model = MRPModel.from_pretrained(args.head, backbone=backbone, **({} if backbone is not None else load))
-        tokenizer_source = args.backbone or MRPHead.config_class.from_pretrained(args.head).base_model_name_or_path
+        tokenizer_source = args.backbone or _base_model_location(
+            MRPHead.config_class.from_pretrained(args.head).base_model_name_or_path, args.head
+        )
     else:
         model = MRPModel.from_backbone_pretrained(args.backbone, **load)
         tokenizer_source = args.backbone

@@ -117,6 +117,7 @@ def run_demo(
     progress: bool = True,
     trust_remote_code: bool = False,
     tasks: tuple[str, ...] | None = None,
+    timing_repeats: int = 3,
 ) -> dict[str, Any]:
     """Run the demo; returns {"rows": [...], "targets": {...}, "table": str}."""
     from ..evaluation.runner import format_table, plot_rows, run_modes, write_json
@@ -146,7 +147,7 @@ def run_demo(
     rows = run_modes(
         model, tokenizer, items, demo_modes(thresholds, draft_tokens, direct_tokens, remask_rule),
         batch_size=batch_size, max_new_tokens=max_new_tokens or ANSWER_LENGTH, output_dir=output_dir,
-        generate_kwargs={"temperature": 0.0}, progress=progress,
+        generate_kwargs={"temperature": 0.0}, progress=progress, timing_repeats=timing_repeats,
     )
     # 4. report
     targets = summarize_targets(rows)
