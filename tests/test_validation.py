@@ -519,3 +519,14 @@ def test_mask_id_outside_the_vocabulary(tmp_path):
     with pytest.raises(ValueError, match="151669"):
         model = MRPModel.from_backbone_pretrained(str(bare), trust_remote_code=True)  # vocabulary of 128
         model.generate(PROMPT, max_new_tokens=8)
+
+
+def test_family_default_block_lengths(stand_in_models):
+    import mrp_hf
+    from mrp_hf.generation.engine import DecodingEngine
+
+    expected = {"sdar": 4, "llada2": 32}
+    for family, block in expected.items():
+        adapter = mrp_hf.get_adapter(stand_in_models[family], mask_token_id=126)
+        config = MRPGenerationConfig(max_new_tokens=64, mask_token_id=126)
+        assert DecodingEngine(adapter, config).block_length == block

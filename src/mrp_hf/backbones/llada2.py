@@ -20,6 +20,7 @@ class LLaDA2Adapter(BackboneAdapter):
     block_causal = True
     block_size_fields = ("block_size", "block_length")
     default_mask_token_id = 156895
+    default_block_length = 32  # its own generate()'s default block
     packed_verify = True
     preferred_verify_layout = "packed"
 
