@@ -175,11 +175,11 @@ def test_run_modes_resumes_without_recomputing(tiny, tmp_path):
     try:
         with pytest.raises(Interrupt):
             run_modes(model, tokenizer, ItemsTask(items), "static,dynamic:0.3", on_batch=interrupt_in_dynamic, **common)
-        assert calls == [2, 2, 1, 2]  # static's 3 batches, then the first dynamic batch, recorded before the stop
+        assert calls == [2, 2]  # modes interleave per batch: static's first batch, then dynamic's (recorded, then stop)
         calls.clear()
         rows = run_modes(model, tokenizer, ItemsTask(items), "static,dynamic:0.3", **common)
-        assert calls == [2, 1]  # only the 3 dynamic items still missing
-        assert [r["n"] for r in rows] == [5, 5] and [r["resumed_items"] for r in rows] == [5, 2]
+        assert calls == [2, 2, 1, 1]  # only the 3 items of each mode still missing, batch by batch
+        assert [r["n"] for r in rows] == [5, 5] and [r["resumed_items"] for r in rows] == [2, 2]
         assert rows[1]["timing_sessions"] == 2 and "more than one session" in format_table(rows)
         calls.clear()
         again = run_modes(model, tokenizer, ItemsTask(items), "static,dynamic:0.3", **common)

@@ -118,6 +118,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-tokens", type=int, default=3, help="speculative drafts per round (K)")
     p.add_argument("--direct-tokens", type=int, default=2, help="head steps per backbone forward in direct mode")
     p.add_argument("--remask-rule", choices=["confidence", "residual"], default="confidence")
+    p.add_argument("--remask-delta", type=float, default=None, help="|C| limit of the residual rule (default 1.5)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (1: latency regime)")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--timing-repeats", type=int, default=3, help="decode each batch N times, keep the fastest time")
@@ -136,6 +137,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         head=args.head, backbone=args.backbone, prompts_file=args.prompts, per_task=args.per_task,
         thresholds=tuple(float(t) for t in args.thresholds.split(",") if t.strip()),
         draft_tokens=args.draft_tokens, direct_tokens=args.direct_tokens, remask_rule=args.remask_rule,
+        remask_delta=args.remask_delta,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, output_dir=args.output,
         json_path=args.json_path, plot_path=plot, progress=not args.no_progress,
         trust_remote_code=args.trust_remote_code,

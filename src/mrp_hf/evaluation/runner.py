@@ -228,13 +228,17 @@ def run_modes(
             first = next(i for m in modes for i in pending[mode_label(m)])
             _generate(model, tokenizer, [prompts[first]], use_chat, {**common, **mode_generate_kwargs(modes[0])})
         with tqdm(total=total, desc=f"eval {task.name}", unit="item", disable=not progress) as bar:
-            for mode in modes:
-                label, settings = mode_label(mode), keys[mode_label(mode)]
-                kwargs = {**common, **mode_generate_kwargs(mode)}
-                todo = pending[label]
-                bar.set_postfix_str(label)
-                for start in range(0, len(todo), batch_size):
-                    batch_ids = todo[start : start + batch_size]
+            # batches outside, modes inside: every mode decodes a batch back to back with the others, so a
+            # change in machine load over the run shifts all modes alike instead of biasing their ratios
+            for start in range(0, len(ids), batch_size):
+                window = ids[start : start + batch_size]
+                for mode in modes:
+                    label, settings = mode_label(mode), keys[mode_label(mode)]
+                    batch_ids = [i for i in window if (settings, i) not in done]
+                    if not batch_ids:
+                        continue
+                    kwargs = {**common, **mode_generate_kwargs(mode)}
+                    bar.set_postfix_str(label)
                     records = _run_batch(model, tokenizer, task, [by_id[i] for i in batch_ids],
                                          [prompts[i] for i in batch_ids], use_chat, kwargs, eos, timing_repeats)
                     for record in records:

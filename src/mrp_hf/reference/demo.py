@@ -24,11 +24,13 @@ DEFAULT_THRESHOLDS = (0.9, 0.7, 0.5, 0.3)
 
 
 def demo_modes(thresholds=DEFAULT_THRESHOLDS, draft_tokens: int = 3, direct_tokens: int = 2,
-               remask_rule: str = "confidence") -> list[dict[str, Any]]:
+               remask_rule: str = "confidence", remask_delta: float | None = None) -> list[dict[str, Any]]:
     """static, dynamic@t and remask@t for each threshold, speculative (K drafts), direct (K head steps)."""
     modes: list[dict[str, Any]] = [{"mode": "static"}]
     modes += [{"mode": "dynamic", "threshold": t} for t in thresholds]
     rule = {} if remask_rule == "confidence" else {"remask_rule": remask_rule}  # the default stays out of labels
+    if remask_delta is not None:
+        rule["remask_delta"] = remask_delta
     modes += [{"mode": "remask", "threshold": t, **rule} for t in thresholds]
     modes += [{"mode": "speculative", "mrp_draft_tokens": draft_tokens}, {"mode": "direct", "mrp_draft_tokens": direct_tokens}]
     return modes
@@ -109,6 +111,7 @@ def run_demo(
     draft_tokens: int = 3,
     direct_tokens: int = 2,
     remask_rule: str = "confidence",
+    remask_delta: float | None = None,
     batch_size: int = 1,
     max_new_tokens: int | None = None,
     output_dir: str | None = None,
@@ -145,7 +148,7 @@ def run_demo(
         raise ValueError("with --head, give --prompts FILE (the reference tasks only fit the bundled model).")
     # 3. every mode on the same prompts
     rows = run_modes(
-        model, tokenizer, items, demo_modes(thresholds, draft_tokens, direct_tokens, remask_rule),
+        model, tokenizer, items, demo_modes(thresholds, draft_tokens, direct_tokens, remask_rule, remask_delta),
         batch_size=batch_size, max_new_tokens=max_new_tokens or ANSWER_LENGTH, output_dir=output_dir,
         generate_kwargs={"temperature": 0.0}, progress=progress, timing_repeats=timing_repeats,
     )
