@@ -66,17 +66,16 @@ class RemaskDecoder(BlockDecoder):
         embed, lm_head = engine.adapter.get_input_embeddings(), engine.adapter.get_output_embeddings()
         h_c = self.head(embed(staged_ids), hidden, position_ids=positions)
         state.stats.head_forwards += 1
-        # each proposal reads the stage of its own rank: gather [n, L] from [n, copies, L, ...]
+        # each proposal reads the stage of its own rank: gather h_C [n, L, H] from [n, copies, L, H] before the
+        # lm_head, so the vocabulary projection runs on one stage per position instead of every stage
         stage_of = (rank - 1).clamp(0, copies - 1)
+        h_c = h_c.view(n, copies, length, -1).gather(1, stage_of[:, None, :, None].expand(-1, 1, -1, h_c.shape[-1])).squeeze(1)
         if self.rule == "confidence":
-            corrected = lm_head(hidden + h_c).view(n, copies, length, -1)
-            chosen = corrected.gather(1, stage_of[:, None, :, None].expand(-1, 1, -1, corrected.shape[-1])).squeeze(1)
-            support = engine.confidence_of(state, chosen, tokens, start, end)
+            support = engine.confidence_of(state, lm_head(out.hidden_states + h_c), tokens, start, end)
             collapsed = support < self.threshold
         else:
             residual = lm_head(h_c).float()  # C = lm_head(h_A + h_C) - lm_head(h_A) for a linear lm_head
             if getattr(lm_head, "bias", None) is not None:
                 residual = residual - lm_head.bias.float()
-            residual = residual.view(n, copies, length, -1).gather(-1, tokens[:, None, :, None].expand(-1, copies, -1, 1))
-            collapsed = residual.squeeze(-1).gather(1, stage_of[:, None, :]).squeeze(1).abs() > self.delta
+            collapsed = residual.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).abs() > self.delta
         return proposed & (rank > 0) & collapsed
