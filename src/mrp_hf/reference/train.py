@@ -169,12 +169,22 @@ def train_backbone(output_dir: str, steps: int = 4600, batch_size: int = 64, lr:
     out = Path(output_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    _portable_tokenizer_class(out)
     MRPGenerationConfig(
         max_new_tokens=ANSWER_LENGTH, block_length=config.block_size, tokens_per_step=1, temperature=0.0,
         mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     ).save_pretrained(out)
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def _portable_tokenizer_class(folder: Path) -> None:
+    """transformers 5 records its tokenizer class as `TokenizersBackend`, which 4.x cannot load; the
+    `PreTrainedTokenizerFast` name loads the same tokenizer under both."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def export_head_data(path: str, samples: int = 20000, seed: int = 1) -> None:
