@@ -70,11 +70,12 @@ def fsdp_config(version, wrap="TRANSFORMER_BASED_WRAP"):
           fsdp_offload_params: false
           fsdp_cpu_ram_efficient_loading: false
     """
+    lines = textwrap.dedent(lines)  # keys of fsdp_config below are indented by 2, as in the text above
     if version == 1:  # sync_module_states needs a GPU in accelerate's plugin
-        lines += "      fsdp_sharding_strategy: FULL_SHARD\n      fsdp_sync_module_states: false\n      fsdp_use_orig_params: true\n"
+        lines += "  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_sync_module_states: false\n  fsdp_use_orig_params: true\n"
     else:
-        lines += "      fsdp_reshard_after_forward: true\n"
-    return textwrap.dedent(lines)
+        lines += "  fsdp_reshard_after_forward: true\n"
+    return lines
 
 
 @pytest.fixture(scope="module")
