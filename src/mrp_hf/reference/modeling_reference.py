@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..backbones.base import allowed_keys
 from .configuration_reference import ReferenceDLMConfig
 
 
@@ -130,18 +131,16 @@ class ReferenceDLM(ReferenceDLMPreTrainedModel):
         self.lm_head = value
 
     def attention_pattern(self, attention_mask: torch.Tensor, query_length: int) -> torch.Tensor:
-        """Bool [B, 1, q, k] from a 2-D padding mask over all keys (the queries are the last q keys).
-
-        Every query also sees itself, so a pad position's output stays finite (nothing reads it)."""
+        """Bool [B, 1, q, k] from a 2-D padding mask over all keys (the queries are the last q keys): the engine's
+        own block-causal (or bidirectional) pattern, and every query also sees itself, so a pad position's output
+        stays finite (nothing reads it)."""
+        grid = self.config.block_size if self.config.attention == "block_causal" else None
+        allowed = allowed_keys(attention_mask, query_length, grid)
         key_length = attention_mask.shape[1]
-        device = attention_mask.device
-        allowed = attention_mask.bool()[:, None, None, :].expand(-1, 1, query_length, key_length)
-        query_index = torch.arange(key_length - query_length, key_length, device=device)
-        key_index = torch.arange(key_length, device=device)
-        if self.config.attention == "block_causal":
-            block = self.config.block_size
-            allowed = allowed & (key_index[None, :] // block <= query_index[:, None] // block)
-        return allowed | (key_index[None, :] == query_index[:, None])
+        itself = torch.arange(key_length, device=attention_mask.device)[None, :] == torch.arange(
+            key_length - query_length, key_length, device=attention_mask.device
+        )[:, None]
+        return allowed | itself
 
     def forward(
         self,

@@ -17,14 +17,18 @@ class RevealStrategy:
         raise NotImplementedError
 
 
+def confidence_ranks(confidence: torch.Tensor) -> torch.Tensor:
+    """Rank of each position in its row, 0 = most confident; ties go to the leftmost position (stable sort)."""
+    order = torch.sort(confidence, dim=-1, descending=True, stable=True).indices
+    return torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+
+
 def top_k_positions(confidence: torch.Tensor, masked: torch.Tensor, k: torch.Tensor | int) -> torch.Tensor:
     """The k most confident masked positions per row; ties go to the leftmost position (stable sort)."""
     if isinstance(k, int) and k == 1:  # argmax returns the first maximum, as the stable sort would
         return torch.zeros_like(masked).scatter_(-1, confidence.argmax(dim=-1, keepdim=True), True) & masked
-    order = torch.sort(confidence, dim=-1, descending=True, stable=True).indices
-    ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
     k = torch.as_tensor(k, device=confidence.device).reshape(-1, 1) if not isinstance(k, int) else k
-    return (ranks < k) & masked
+    return (confidence_ranks(confidence) < k) & masked
 
 
 class BlockDecoder:

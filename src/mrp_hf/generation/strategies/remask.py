@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import BlockDecoder
+from .base import BlockDecoder, confidence_ranks
 from .dynamic import DynamicStrategy
 
 
@@ -53,8 +53,7 @@ class RemaskDecoder(BlockDecoder):
         if stages <= 1:
             return torch.zeros_like(proposed)
         # rank of each proposal in its row (0 = most confident); non-proposals rank last
-        order = torch.sort(confidence.masked_fill(~proposed, float("-inf")), dim=-1, descending=True, stable=True).indices
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(length, device=order.device).expand_as(order))
+        rank = confidence_ranks(confidence.masked_fill(~proposed, float("-inf")))
         rank = rank.masked_fill(~proposed, length)
         # stage j (1 .. stages-1) reveals the proposals ranked < j; stacked row-major: [n * (stages-1), L]
         j = torch.arange(1, stages, device=block.device).view(1, -1, 1)
