@@ -9,6 +9,8 @@ the MRP head only talk to adapters.
 from __future__ import annotations
 
 import inspect
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -219,27 +221,21 @@ class BackboneAdapter:
     ) -> BackboneOutput:
         """One backbone forward returning aligned logits (and the lm_head's input when asked).
 
-        The hidden state is captured by a hook on the lm_head's input, so it costs no second forward and
-        no per-layer `output_hidden_states`. `pattern` (bool [B, 1, q, k], families with `packed_verify`)
+        The hidden state is captured from the lm_head's input (`capture_lm_head_input`), so it costs no
+        second forward and no per-layer `output_hidden_states`. `pattern` (bool [B, 1, q, k], families with `packed_verify`)
         replaces the pattern built from `attention_mask`; logits are then shifted over the whole input, so
         for shifted families the caller reads only positions whose predecessor belongs to the same segment.
         """
-        captured: list[torch.Tensor] = []
-        handle = None
+        if pattern is None:
+            inputs = self.model_inputs(input_ids, attention_mask, position_ids, past_key_values, grid)
+        else:
+            inputs = self.model_inputs(input_ids, None, position_ids, past_key_values, grid)
+            inputs["attention_mask"] = self.packed_attention_mask(pattern)
         if output_hidden_states:
-            handle = self.get_output_embeddings().register_forward_pre_hook(
-                lambda _module, args: captured.append(args[0])
-            )
-        try:
-            if pattern is None:
-                inputs = self.model_inputs(input_ids, attention_mask, position_ids, past_key_values, grid)
-            else:
-                inputs = self.model_inputs(input_ids, None, position_ids, past_key_values, grid)
-                inputs["attention_mask"] = self.packed_attention_mask(pattern)
+            with capture_lm_head_input(self.get_output_embeddings()) as captured:
+                out = self.model(**inputs)
+        else:
             out = self.model(**inputs)
-        finally:
-            if handle is not None:
-                handle.remove()
         logits = out.logits if hasattr(out, "logits") else out[0]
         hidden = None
         if output_hidden_states:
@@ -264,6 +260,54 @@ class BackboneAdapter:
             "block_size": self.block_size,
             "exact_prefix_cache": self.exact_prefix_cache,
         }
+
+
+class _LmHeadCapture:
+    """A pre-hook on the lm_head that hands its input to the capture of the calling thread only.
+
+    A hook that simply records every call would also catch a forward that another thread runs on the same
+    model at the same time (module hooks are shared by all threads), giving one `generate` the other one's
+    hidden state. Module hooks run in the thread that calls the module, so the hook appends to a thread-local
+    stack of captures. The hook stays registered while at least one capture of that module is open (counted
+    under a lock), so the user's model carries no hook outside our forwards.
+    """
+
+    _local = threading.local()
+    _lock = threading.Lock()
+    _users: dict[int, list] = {}  # id(module) -> [handle, open captures]
+
+    @classmethod
+    def _hook(cls, module: nn.Module, args: tuple) -> None:
+        stack = getattr(cls._local, "stack", None)
+        if stack and args:
+            stack[-1].append(args[0])
+
+    @classmethod
+    @contextmanager
+    def capture(cls, module: nn.Module):
+        key = id(module)
+        with cls._lock:
+            entry = cls._users.get(key)
+            if entry is None:
+                entry = cls._users[key] = [module.register_forward_pre_hook(cls._hook), 0]
+            entry[1] += 1
+        stack = cls._local.__dict__.setdefault("stack", [])
+        captured: list[torch.Tensor] = []
+        stack.append(captured)
+        try:
+            yield captured
+        finally:
+            stack.pop()
+            with cls._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    entry[0].remove()
+                    del cls._users[key]
+
+
+def capture_lm_head_input(module: nn.Module):
+    """Context manager: a list that receives the inputs `module` (the lm_head) gets in this thread meanwhile."""
+    return _LmHeadCapture.capture(module)
 
 
 def allowed_keys(attention_mask: torch.Tensor, query_length: int, grid: int | None) -> torch.Tensor:
