@@ -9,6 +9,17 @@ from transformers import PretrainedConfig
 
 # Rows of the embedding / lm_head sampled by the fingerprint: spread over the vocabulary, fixed forever.
 _FINGERPRINT_ROWS = 16
+# Upper bounds of a head's sizes, far above any real head (the paper's heads have 2-3 layers of the backbone's
+# width) and far below what would hang the loader.
+_SIZE_LIMITS = {
+    "hidden_size": 1 << 16,
+    "head_hidden_size": 1 << 16,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "intermediate_size": 1 << 19,
+    "max_position_embeddings": 1 << 24,
+}
 
 
 class MRPConfig(PretrainedConfig):
@@ -73,11 +84,30 @@ class MRPConfig(PretrainedConfig):
         self.backbone_fingerprint = backbone_fingerprint
         self.training = training or {}
         super().__init__(**kwargs)
+        self._check_sizes()
+
+    def _check_sizes(self) -> None:
+        """Refuse sizes no head can have before anything is built: a config from an untrusted repo with
+        `num_hidden_layers=10**6` would otherwise spend minutes constructing layers (even on the meta device)."""
+        for name, limit in _SIZE_LIMITS.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+                raise ValueError(
+                    f"MRPConfig.{name}={value!r} is outside [1, {limit}]: this is not an MRP head config (heads "
+                    f"have 1-8 layers and the backbone's width); check the head's config.json."
+                )
         if self.head_hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"head_hidden_size={self.head_hidden_size} is not divisible by num_attention_heads="
                 f"{self.num_attention_heads}; pick a head count that divides it."
             )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of num_key_value_heads="
+                f"{self.num_key_value_heads}."
+            )
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 1):
+            raise ValueError(f"MRPConfig.vocab_size={self.vocab_size!r} must be a positive int or None.")
 
     @classmethod
     def for_backbone(cls, adapter, base_model_name_or_path: str | None = None, **overrides: Any) -> MRPConfig:

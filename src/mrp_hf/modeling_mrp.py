@@ -10,7 +10,7 @@ from transformers import GenerationConfig, LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils import logging
 
-from .backbones import BackboneAdapter, get_adapter, load_backbone
+from .backbones import BackboneAdapter, get_adapter, load_backbone, resolve_adapter_class
 from .configuration_mrp import MRPConfig
 from .generation.config import _DEFAULTS, MRPGenerationConfig, build_generation_config
 from .generation.engine import DecodingEngine, MRPGenerateOutput
@@ -66,6 +66,17 @@ class MRPHead(PreTrainedModel):
         self.out_proj = nn.Linear(width, config.hidden_size, bias=False) if width != config.hidden_size else None
         self.post_init()
         self.zero_output()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args: Any, **kwargs: Any) -> MRPHead:
+        """Load a head (safetensors only), strictly: the config's sizes are checked, and the weights file must
+        hold exactly the tensors this config builds, with their shapes, before any weight is allocated (a
+        missing tensor would otherwise be initialised at random and silently change the output)."""
+        if kwargs.get("use_safetensors") is False:
+            raise ValueError("MRP heads load from safetensors only (a pickle can run code); drop use_safetensors=False.")
+        kwargs["use_safetensors"] = True
+        _check_head_weights(cls, pretrained_model_name_or_path, kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -209,16 +220,18 @@ class MRPModel(nn.Module):
     ) -> MRPModel:
         """Wrap a loaded backbone (`PreTrainedModel`); the family is detected from its config unless forced.
 
-        An `MRPHead` is checked against the backbone (vocab, hidden size, mask id, family, weight fingerprint;
-        `strict=False` turns a fingerprint mismatch into a warning), and its recorded mask id is used unless
-        `mask_token_id` is given."""
-        if isinstance(head, MRPHead):
-            backbone_family = backbone_family or head.config.backbone_family
-            if mask_token_id is None:
-                mask_token_id = head.config.mask_token_id
+        With an `MRPHead`, the backbone's facts come from the backbone itself, never from the head: its family
+        from its config (or `backbone_family`), its mask id from `mask_token_id`, else its config, generation
+        config or the family's documented default. They are then compared with what the head recorded (family,
+        vocab, hidden size, mask id, weight fingerprint) and a mismatch raises `ValueError` naming both values.
+        The head's mask id is used only for a backbone that declares none. `strict=False` turns a fingerprint
+        mismatch (or a head without a fingerprint) into a warning."""
+        head_config = head.config if isinstance(head, MRPHead) else None
+        if head_config is not None and not isinstance(backbone, BackboneAdapter):
+            backbone_family, mask_token_id = _backbone_identity(backbone, head_config, backbone_family, mask_token_id)
         adapter = get_adapter(backbone, backbone_family=backbone_family, mask_token_id=mask_token_id)
-        if isinstance(head, MRPHead):
-            check_head_matches_backbone(head.config, adapter, strict=strict)
+        if head_config is not None:
+            check_head_matches_backbone(head_config, adapter, strict=strict)
         backbone.eval()
         return cls(backbone, adapter, head)
 
@@ -229,18 +242,22 @@ class MRPModel(nn.Module):
         backbone: nn.Module | None = None,
         strict: bool = True,
         revision: str | None = None,
+        backbone_family: str | None = None,
+        mask_token_id: int | None = None,
         **backbone_kwargs: Any,
     ) -> MRPModel:
         """Load an MRP head (safetensors + config only) and attach it to its backbone.
 
         With no `backbone`, the base model named in the head's config is loaded with `backbone_kwargs`
         (`torch_dtype`, `device_map`, `trust_remote_code`, ...), at the recorded revision, plus the PEFT
-        adapter the config names. The backbone is then checked against the head (vocab, hidden size, mask
-        id, family, weight fingerprint): a mismatch raises `ValueError` naming both values; with
-        `strict=False` a fingerprint mismatch is only a warning.
+        adapter the config names. A base model recorded as a relative path must lie beside the head folder
+        (inside the folder that holds it), and a head from the Hub must name its base model by Hub id. The
+        backbone is then checked against the head (`from_backbone`): family, vocab, hidden size, mask id and
+        weight fingerprint, each derived from the backbone itself; a mismatch raises `ValueError` naming both
+        values; with `strict=False` a fingerprint mismatch is only a warning.
         """
         hub_kwargs = {k: backbone_kwargs[k] for k in _HUB_KWARGS if k in backbone_kwargs}
-        head = MRPHead.from_pretrained(head_name_or_path, revision=revision, use_safetensors=True, **hub_kwargs)
+        head = MRPHead.from_pretrained(head_name_or_path, revision=revision, **hub_kwargs)
         config = head.config
         if backbone is None:
             if not config.base_model_name_or_path:
@@ -248,16 +265,17 @@ class MRPModel(nn.Module):
                     f"The head at {head_name_or_path!r} does not name its base model; pass backbone=<loaded model>."
                 )
             backbone_kwargs.setdefault("revision", config.base_model_revision)
-            backbone = load_backbone(
+            backbone, found_mask_id = load_backbone(
                 _base_model_location(config.base_model_name_or_path, head_name_or_path),
-                backbone_family=config.backbone_family, **backbone_kwargs,
+                backbone_family=backbone_family, return_mask_token_id=True, **backbone_kwargs,
             )
+            mask_token_id = mask_token_id if mask_token_id is not None else found_mask_id
             if config.peft_adapter_id:
                 from peft import PeftModel
 
                 backbone = PeftModel.from_pretrained(backbone, config.peft_adapter_id, **hub_kwargs)
         model = cls.from_backbone(
-            backbone, head=head, backbone_family=config.backbone_family, mask_token_id=config.mask_token_id, strict=strict
+            backbone, head=head, backbone_family=backbone_family, mask_token_id=mask_token_id, strict=strict
         )
         head.to(device=model.device)
         head.eval()
@@ -357,6 +375,11 @@ class MRPModel(nn.Module):
                 f"generate() got unknown arguments {sorted(unknown)}; it takes the MRPGenerationConfig fields "
                 f"{sorted(_GENERATE_KWARGS)}."
             )
+        if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+            raise TypeError(
+                f"generation_config must be a transformers GenerationConfig (e.g. MRPGenerationConfig(...)), got "
+                f"{type(generation_config).__name__}; pass its fields as keyword arguments instead."
+            )
         config = build_generation_config(self.generation_config)
         if generation_config is not None:
             config = build_generation_config(config, **_explicit_fields(generation_config))
@@ -364,16 +387,7 @@ class MRPModel(nn.Module):
             config = build_generation_config(config, **kwargs)
         # 2. strategy
         block_decoder = self._block_decoder(config)
-        # 3. block loop
-        for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask)):
-            if value is not None and not isinstance(value, torch.Tensor):
-                raise TypeError(
-                    f"{name} must be a 2-D torch.Tensor [batch, prompt_len], got {type(value).__name__}; "
-                    f"tokenize with return_tensors='pt'."
-                )
-        if input_ids.device != self.device:
-            input_ids = input_ids.to(self.device)
-            attention_mask = attention_mask.to(self.device) if attention_mask is not None else None
+        # 3. block loop (the engine validates the prompt and moves it to the model's device)
         output = DecodingEngine(self.adapter, config, block_decoder=block_decoder).run(
             input_ids, attention_mask, streamer=streamer
         )
@@ -382,13 +396,108 @@ class MRPModel(nn.Module):
 
 
 def _base_model_location(base: str, head_name_or_path: str) -> str:
-    """A base model recorded as a relative path ("../backbone") is relative to a local head folder, so a head
-    saved next to its backbone (the bundled reference head) keeps pointing at it wherever the pair is copied."""
+    """Where to load the base model a head names, refusing places a head must not send the loader.
+
+    A base model recorded as a relative path ("../backbone") is relative to a local head folder, so a head
+    saved next to its backbone (the bundled reference head) keeps pointing at it wherever the pair is copied;
+    it must stay inside the folder that holds the head folder (a head must not make the loader, and maybe its
+    remote code, run from elsewhere on the machine). A head from the Hub must name a Hub id, not a local path.
+    """
     import os
 
-    if base.startswith(("./", "../")) and os.path.isdir(head_name_or_path):
-        return os.path.normpath(os.path.join(head_name_or_path, base))
+    local_head = os.path.isdir(head_name_or_path)
+    relative = base.startswith(("./", "../")) or base in (".", "..")
+    if os.path.isabs(base) or relative or ".." in base.replace("\\", "/").split("/"):
+        if not local_head:
+            raise ValueError(
+                f"The head {head_name_or_path!r} comes from the Hub but names a local base model path {base!r}; "
+                f"a published head must name its base model by Hub id. Pass backbone=<loaded model> to use it anyway."
+            )
+        if not os.path.isabs(base):
+            holder = os.path.dirname(os.path.realpath(head_name_or_path))
+            location = os.path.realpath(os.path.join(head_name_or_path, base))
+            if os.path.commonpath([holder, location]) != holder:
+                raise ValueError(
+                    f"The head at {head_name_or_path!r} names its base model as {base!r}, which resolves to "
+                    f"{location}, outside {holder} (the folder holding the head). Refusing to load a model from "
+                    f"there; pass backbone=<loaded model> or fix base_model_name_or_path in the head's config.json."
+                )
+            return location
     return base
+
+
+def _backbone_identity(backbone: nn.Module, head_config: MRPConfig, family: str | None, mask_token_id: int | None):
+    """The backbone's family and mask id, derived from the backbone (and explicit arguments) alone."""
+    adapter_cls = resolve_adapter_class(backbone.config, family)
+    claimed = head_config.backbone_family
+    if claimed and claimed != adapter_cls.family:
+        how = f"was given backbone_family={family!r}" if family else f"is detected as {adapter_cls.family!r} from its config"
+        hint = (
+            f"; if it really is a {claimed!r} model, pass backbone_family={claimed!r}"
+            if adapter_cls.family == "generic" and not family else ""
+        )
+        raise ValueError(
+            f"This MRP head was trained on a {claimed!r} backbone, but this backbone ({type(backbone).__name__}) "
+            f"{how}{hint}."
+        )
+    if mask_token_id is None:
+        mask_token_id = adapter_cls.own_mask_token_id(backbone)
+    if mask_token_id is None and head_config.mask_token_id is not None:
+        logger.info("The backbone declares no mask token id; using the head's recorded %d.", head_config.mask_token_id)
+        mask_token_id = head_config.mask_token_id
+    return adapter_cls.family, mask_token_id
+
+
+def _check_head_weights(cls: type[MRPHead], name_or_path: str, kwargs: dict[str, Any]) -> None:
+    """Before `from_pretrained` allocates anything: the config's sizes are sane (MRPConfig checks them) and the
+    safetensors file(s) hold exactly the tensors, with the shapes, that this config builds."""
+    from safetensors import safe_open
+    from transformers.utils import cached_file
+
+    location = {k: kwargs[k] for k in (*_HUB_KWARGS, "revision", "subfolder") if kwargs.get(k) is not None}
+    config = kwargs.get("config")
+    if not isinstance(config, MRPConfig):
+        config = MRPConfig.from_pretrained(name_or_path, **location)
+    files = []
+    index = cached_file(name_or_path, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False,
+                        **location)
+    if index is not None:
+        import json
+
+        with open(index, encoding="utf-8") as handle:
+            shards = sorted(set(json.load(handle)["weight_map"].values()))
+        files = [cached_file(name_or_path, shard, **location) for shard in shards]
+    else:
+        single = cached_file(name_or_path, "model.safetensors", _raise_exceptions_for_missing_entries=False, **location)
+        if single is None:
+            raise OSError(
+                f"{name_or_path!r} has no model.safetensors: MRP heads are loaded from safetensors only (a pickle "
+                f"can run code when loaded)."
+            )
+        files = [single]
+    found: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        with safe_open(path, framework="pt") as weights:
+            for key in weights.keys():
+                found[key] = tuple(weights.get_slice(key).get_shape())
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in cls(config).state_dict().items()}
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+        if wrong:
+            parts.append(", ".join(f"{k} has shape {list(found[k])}, the config builds {list(expected[k])}" for k in wrong[:5]))
+        raise ValueError(
+            f"The weights of the MRP head at {name_or_path!r} do not match its config.json: {'; '.join(parts)}. "
+            f"Refusing to load (missing tensors would be initialised at random); re-save the head with "
+            f"MRPHead.save_pretrained."
+        )
 
 
 def _check_head_block_length(config: MRPGenerationConfig, head: MRPHead) -> None:
@@ -419,7 +528,16 @@ def check_head_matches_backbone(config: MRPConfig, adapter: BackboneAdapter, str
         raise ValueError(
             f"This MRP head was trained on a {config.backbone_family!r} backbone, but this one is {adapter.family!r}."
         )
-    if config.backbone_fingerprint:
+    if not config.backbone_fingerprint:
+        message = (
+            "This MRP head records no fingerprint of its backbone's embedding/lm_head weights, so nothing shows it "
+            "was trained on this backbone; re-save it with MRPConfig.for_backbone (mrp-hf train does), or pass "
+            "strict=False to attach it anyway."
+        )
+        if strict:
+            raise ValueError(message)
+        logger.warning(message)
+    else:
         found = backbone_fingerprint(adapter)
         if not fingerprints_match(config.backbone_fingerprint, found):
             message = (

@@ -83,17 +83,32 @@ class BackboneAdapter:
         return any(arch in cls.architectures for arch in (getattr(config, "architectures", None) or ()))
 
     # ------------------------------------------------------------------ facts
-    def _resolve_mask_token_id(self, explicit: int | None) -> int:
-        if explicit is not None:
-            return int(explicit)
-        sources = [self.config, getattr(self.model, "generation_config", None)]
-        for source in sources:
-            for field in self.mask_token_id_fields:
+    @classmethod
+    def own_mask_token_id(cls, model: nn.Module) -> int | None:
+        """The mask id the backbone itself declares: its config, its generation config, else the family's
+        documented default when that id exists in its vocabulary; None when it declares none.
+
+        This never looks at a head: a head's recorded mask id is checked against this, not used to build it.
+        """
+        for source in (model.config, getattr(model, "generation_config", None)):
+            for field in cls.mask_token_id_fields:
                 value = getattr(source, field, None) if source is not None else None
                 if value is not None:
                     return int(value)
+        default = cls.default_mask_token_id
+        rows = _embedding_rows(model)
+        if default is not None and (rows is None or default < rows):
+            return default
+        return None
+
+    def _resolve_mask_token_id(self, explicit: int | None) -> int:
+        if explicit is not None:
+            return int(explicit)
+        found = self.own_mask_token_id(self.model)
+        if found is not None:
+            return found
         if self.default_mask_token_id is not None:
-            return self.default_mask_token_id
+            return self.default_mask_token_id  # outside the vocabulary: `_check_mask_token_id` says so
         raise ValueError(
             f"Cannot find a mask token id for this {type(self.model).__name__} (family {self.family!r}, "
             f"model_type {getattr(self.config, 'model_type', None)!r}): its config has none of "
@@ -103,8 +118,7 @@ class BackboneAdapter:
 
     def _check_mask_token_id(self, explicit: bool) -> None:
         """The mask id must index the input embedding (else torch.embedding fails with a bare IndexError)."""
-        embeddings = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
-        rows = getattr(getattr(embeddings, "weight", None), "shape", (None,))[0]
+        rows = _embedding_rows(self.model)
         if rows is not None and not 0 <= self.mask_token_id < rows:
             source = "" if explicit else (
                 f", {self.family}'s default (no mask id in the config, the generation config or a tokenizer beside "
@@ -324,6 +338,12 @@ def allowed_keys(attention_mask: torch.Tensor, query_length: int, grid: int | No
     query_block = torch.arange(key_length - query_length, key_length, device=device) // grid
     key_block = torch.arange(key_length, device=device) // grid
     return allowed & (key_block[None, :] <= query_block[:, None])[None, None]
+
+
+def _embedding_rows(model: nn.Module) -> int | None:
+    """Rows of the model's input embedding (its vocabulary), None when it exposes none."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return getattr(getattr(embeddings, "weight", None), "shape", (None,))[0]
 
 
 def _shift_right(x: torch.Tensor) -> torch.Tensor:

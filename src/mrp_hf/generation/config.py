@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import GenerationConfig
@@ -10,6 +11,8 @@ MRP_MODES = ("off", "speculative", "remask", "direct")
 CONFIDENCE_RULES = ("top_prob", "margin", "neg_entropy", "random")
 REMASK_RULES = ("confidence", "residual")
 VERIFY_LAYOUTS = ("auto", "stacked", "packed")
+#: sampling temperatures outside this range overflow (tiny: every draw the same token) or drown the logits
+TEMPERATURE_RANGE = (1e-4, 100.0)
 
 # Our own fields and their defaults. Sampling fields are set here too because transformers 4.x and 5.x
 # disagree on their defaults (4.x: top_k=50, temperature=1.0), and decoding must not change with the version.
@@ -64,6 +67,7 @@ class MRPGenerationConfig(GenerationConfig):
         own = {name: kwargs.pop(name, default) for name, default in _DEFAULTS.items()}
         if own["temperature"] is None:
             own["temperature"] = 0.0
+        _real("temperature", own["temperature"], "0 for greedy decoding, or e.g. 0.7 to sample")
         asked = kwargs.get("do_sample")
         if asked is not None and bool(asked) != (own["temperature"] > 0):
             raise ValueError(
@@ -103,14 +107,40 @@ class MRPGenerationConfig(GenerationConfig):
                 )
         if self.steps is not None:
             _positive_int("steps", self.steps)
-        if self.threshold is not None and not (0.0 < float(self.threshold) <= 1.0):
-            raise ValueError(f"threshold={self.threshold} is outside (0, 1]; use e.g. threshold=0.9, or None for static decoding.")
+        if self.threshold is not None:
+            _real("threshold", self.threshold, "e.g. threshold=0.9, or None for static decoding")
+            if not 0.0 < self.threshold <= 1.0:
+                raise ValueError(
+                    f"threshold={self.threshold} is outside (0, 1]; use e.g. threshold=0.9, or None for static decoding."
+                )
+        _real("temperature", self.temperature, "0 for greedy decoding, or e.g. 0.7 to sample")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} is negative; use 0 for greedy or a positive value.")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+        if 0 < self.temperature < TEMPERATURE_RANGE[0] or self.temperature > TEMPERATURE_RANGE[1]:
+            # logits / 1e-300 overflow to inf (every draw the same token), logits / 1e300 are all zero (uniform noise)
+            raise ValueError(
+                f"temperature={self.temperature} is outside [{TEMPERATURE_RANGE[0]}, {TEMPERATURE_RANGE[1]}], where "
+                f"sampling stays numerically meaningful; use 0 for greedy decoding, or e.g. temperature=0.7."
+            )
+        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1):
             raise ValueError(f"top_k={self.top_k!r} must be a positive int or None.")
-        if self.top_p is not None and not (0.0 < float(self.top_p) <= 1.0):
-            raise ValueError(f"top_p={self.top_p} is outside (0, 1]; use None to disable it.")
+        if self.top_p is not None:
+            _real("top_p", self.top_p, "e.g. top_p=0.95, or None to disable it")
+            if not 0.0 < self.top_p <= 1.0:
+                raise ValueError(f"top_p={self.top_p} is outside (0, 1]; use None to disable it.")
+        _real("remask_delta", self.remask_delta, "the |C| above which remask_rule='residual' revokes, e.g. 1.5")
+        if self.remask_delta < 0:
+            raise ValueError(f"remask_delta={self.remask_delta} is negative; it bounds |C|, use e.g. 1.5.")
+        if self.seed is None:
+            if self.temperature > 0:
+                raise ValueError(
+                    "seed=None with temperature > 0: sampling draws are keyed by the seed (so that they do not depend "
+                    "on batch composition); pass an int, e.g. seed=0."
+                )
+        elif not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise TypeError(f"seed={self.seed!r} must be an int (it keys the random draws), e.g. seed=0.")
+        for name in ("eos_token_id", "pad_token_id"):
+            _token_ids(name, getattr(self, name, None))
         if self.mrp_mode == "remask" and self.threshold is None:
             raise ValueError("mrp_mode='remask' works in the dynamic regime: pass a threshold (e.g. threshold=0.5).")
         if self.prefix_cache not in (None, True, False):
@@ -126,6 +156,24 @@ class MRPGenerationConfig(GenerationConfig):
     @property
     def is_sampling(self) -> bool:
         return self.temperature > 0
+
+
+def _real(name: str, value: Any, hint: str) -> None:
+    """A finite real number (not a bool, a string or NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}={value!r} must be a number ({hint}), got {type(value).__name__}.")
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} is not a finite number; use {hint}.")
+
+
+def _token_ids(name: str, value: Any) -> None:
+    """None, a non-negative int, or a list of them (checked against the vocabulary by the engine)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    for item in values:
+        if item is None and not isinstance(value, (list, tuple)):
+            continue
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise ValueError(f"{name}={value!r} must be a token id (an int >= 0) or a list of them.")
 
 
 def _positive_int(name: str, value: Any, hint: str = "") -> None:

@@ -11,6 +11,7 @@ from transformers.utils import ModelOutput, logging
 from .._compat import cache_length, crop_cache, select_cache_rows
 from ..backbones.base import BackboneAdapter, BackboneOutput
 from .config import MRPGenerationConfig
+from .guard import BACKBONE_PART, NonFiniteGuard
 from .sampling import TokenProposer, row_keys
 from .strategies import BlockDecoder, DynamicStrategy, RevealStrategy, StaticStrategy, StepwiseDecoder
 
@@ -93,6 +94,7 @@ class DecodingState:
     cache: Any
     stats: GenerationStats
     width: int
+    guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
 
 
 @dataclass
@@ -103,19 +105,53 @@ class MRPGenerateOutput(ModelOutput):
     stats: GenerationStats | None = None
 
 
-def validate_prompt(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """Check shapes and left padding; return the attention mask (all ones when none was given)."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise TypeError(
-            f"input_ids must be a 2-D LongTensor [batch, prompt_len], got "
-            f"{type(input_ids).__name__}{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else ''}."
-        )
+def validate_prompt(input_ids: Any, attention_mask: Any, vocab_size: int | None = None,
+                    mask_token_id: int | None = None) -> torch.Tensor:
+    """Check types, shapes, left padding and token ids; return the attention mask (all ones when none was given).
+
+    Every id must index the embedding (`vocab_size`): pads too, since they are fed to the model. A prompt may
+    not contain the mask token: masked-diffusion decoding here fills the answer region only (no infilling),
+    and a mask in the prompt would be taken for an answer position that never gets decoded.
+    """
+    for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{name} must be a 2-D torch.Tensor [batch, prompt_len], got {type(value).__name__}; "
+                f"tokenize with return_tensors='pt'."
+            )
+    if input_ids.dim() != 2:
+        raise TypeError(f"input_ids must be a 2-D LongTensor [batch, prompt_len], got Tensor{tuple(input_ids.shape)}.")
     if input_ids.dtype not in (torch.long, torch.int, torch.int32):
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}.")
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids is an empty batch (shape [0, n]): pass at least one prompt.")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids has no prompt tokens; diffusion decoding needs a prompt of at least one token.")
+    if vocab_size is not None:
+        bad = (input_ids < 0) | (input_ids >= vocab_size)
+        if bad.any():
+            row, col = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"input_ids[{row}, {col}] = {int(input_ids[row, col])} is not a token id of this model (ids run from "
+                f"0 to {vocab_size - 1}); tokenize with the backbone's own tokenizer."
+            )
     if attention_mask is None:
-        return torch.ones_like(input_ids, dtype=torch.long)
+        mask = torch.ones_like(input_ids, dtype=torch.long)
+    else:
+        mask = _check_attention_mask(input_ids, attention_mask)
+    if mask_token_id is not None:
+        masked = (input_ids == mask_token_id) & mask.bool()
+        if masked.any():
+            row, col = (int(i) for i in masked.nonzero()[0])
+            raise ValueError(
+                f"input_ids[{row}, {col}] is the mask token ({mask_token_id}): prompts may not contain masks here "
+                f"(the answer region after the prompt is what gets decoded; infilling inside the prompt is not "
+                f"supported). Remove the mask tokens from the prompt."
+            )
+    return mask
+
+
+def _check_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     if attention_mask.shape != input_ids.shape:
         raise ValueError(
             f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has {tuple(input_ids.shape)}; "
@@ -166,10 +202,23 @@ class DecodingEngine:
         self.block_decoder = block_decoder or StepwiseDecoder(self.strategy)
         self.proposer = TokenProposer(config, self.mask_id)
         self.use_cache = self._resolve_cache()
+        self.input_vocab_size = adapter.get_input_embeddings().weight.shape[0]
         eos = config.eos_token_id
         self.eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        outside = [i for i in self.eos_ids if not 0 <= i < self.input_vocab_size]
+        if outside:  # e.g. a config written for a larger vocabulary: harmless, but rows will not stop at it
+            logger.warning_once(
+                f"eos_token_id {outside} is outside this model's vocabulary (ids 0 to {self.input_vocab_size - 1}) and "
+                f"can never be generated: rows will not stop early at it. Pass the tokenizer's eos_token_id."
+            )
         pad = config.pad_token_id
-        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else self.mask_id)
+        if pad is not None and not 0 <= pad < self.input_vocab_size:
+            raise ValueError(
+                f"pad_token_id={pad} is not a token id of this model (ids run from 0 to {self.input_vocab_size - 1}); "
+                f"pass the tokenizer's pad_token_id."
+            )
+        in_vocab_eos = [i for i in self.eos_ids if 0 <= i < self.input_vocab_size]
+        self.pad_id = pad if pad is not None else (in_vocab_eos[0] if in_vocab_eos else self.mask_id)
 
     # ------------------------------------------------------------------ set-up
     def _resolve_block_length(self) -> int:
@@ -250,7 +299,10 @@ class DecodingEngine:
 
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, streamer=None) -> MRPGenerateOutput:
-        prompt_mask = validate_prompt(input_ids, attention_mask)
+        prompt_mask = validate_prompt(input_ids, attention_mask, self.input_vocab_size, self.mask_id)
+        device = self.adapter.get_input_embeddings().weight.device
+        input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
+        self._check_positions(input_ids.shape[1], prompt_mask)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"streamer works with batch size 1 only, got a batch of {input_ids.shape[0]}.")
         if not self.adapter.supports_padding and not bool(prompt_mask.all()):
@@ -291,7 +343,6 @@ class DecodingEngine:
         # block-causal: shift positions by whole blocks only, so the model's block grid stays on block starts
         offsets = (left_pads // align) * align
         positions = (torch.arange(width + new, device=device).unsqueeze(0) - offsets.unsqueeze(1)).clamp_min(0)
-        self._check_positions(int(positions.max()) if adapter.accepts_position_ids else width + new - 1, prompt_len, new)
 
         stats = GenerationStats(row_backbone_forwards=[0] * batch, row_new_tokens=[0] * batch)
         state = DecodingState(
@@ -317,6 +368,7 @@ class DecodingEngine:
             # 3. EOS stop, streamer
             for row in state.active.tolist():
                 stats.row_new_tokens[row] = end - width
+            state.guard.check()
             finished = self._finish_rows(canvas, state.active, width, end)
             if streamer is not None:
                 streamer.put(canvas[0, start:end].cpu())
@@ -332,12 +384,21 @@ class DecodingEngine:
         return MRPGenerateOutput(sequences=canvas[:, extra:], stats=stats)
 
     # ------------------------------------------------------------------ pieces
-    def _check_positions(self, last_position: int, prompt_len: int, new: int) -> None:
-        limit = self.adapter.max_positions
-        if limit is not None and last_position >= limit:
+    def _check_positions(self, prompt_len: int, prompt_mask: torch.Tensor) -> None:
+        """Before anything is allocated: the laid-out prompt + answer must fit the model's positions."""
+        limit, new = self.adapter.max_positions, self.config.max_new_tokens
+        if limit is None:
+            return
+        align = (self.grid or 1) if self.adapter.supports_padding else 1
+        width = -(-prompt_len // align) * align
+        last = width + new - 1
+        if self.adapter.accepts_position_ids:  # positions skip whole blocks of left padding (see `_run_batch`)
+            shortest_pad = int(width - prompt_mask.sum(dim=1).max())
+            last -= (shortest_pad // align) * align
+        if last >= limit:
             raise ValueError(
-                f"prompt ({prompt_len} tokens, laid out to {last_position + 1 - new}) + max_new_tokens ({new}) needs "
-                f"position {last_position}, beyond the model's limit of {limit} positions; shorten the prompt or "
+                f"prompt ({prompt_len} tokens, laid out to {last + 1 - new}) + max_new_tokens ({new}) needs "
+                f"position {last}, beyond the model's limit of {limit} positions; shorten the prompt or "
                 f"lower max_new_tokens."
             )
 
@@ -420,6 +481,7 @@ class DecodingEngine:
                 crop_cache(cache, keep)
                 if copies > 1:
                     select_cache_rows(cache, torch.arange(0, canvas.shape[0], copies, device=canvas.device))
+        state.guard.watch(BACKBONE_PART, out.logits)
         state.stats.backbone_forwards += 1
         if has_work is None:  # rows that still had masked positions in the block: the forward was for them
             has_work = (state.canvas[active, start:end] == self.mask_id).any(dim=1)

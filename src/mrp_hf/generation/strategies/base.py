@@ -55,6 +55,7 @@ class BlockDecoder:
 
 
 def stalled_rows_error(state, stalled: torch.Tensor, confidence: torch.Tensor) -> RuntimeError:
+    state.guard.check()  # non-finite logits are the usual cause: name the model part that produced them
     return RuntimeError(
         f"decoding stalled: no position revealed for rows {state.active[stalled].tolist()} "
         f"(confidences {confidence[stalled].tolist()}); the backbone's logits may contain NaN."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..guard import HEAD_PART
 from .base import BlockDecoder, top_k_positions
 
 
@@ -28,6 +29,7 @@ class DirectDecoder(BlockDecoder):
                 if k > 0:  # the head's prediction of the logits on the state after the last reveal
                     acc = acc + self.head(embed(block), acc, position_ids=positions)
                     logits = lm_head(acc)
+                    state.guard.watch(HEAD_PART, logits)
                     state.stats.head_forwards += 1
                 tokens, confidence = engine.propose(state, logits, start, end, masked, state.committed[active])
                 pick = top_k_positions(confidence, masked, 1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from ..guard import HEAD_PART
 from .base import BlockDecoder, confidence_ranks
 from .dynamic import DynamicStrategy
 
@@ -70,10 +71,13 @@ class RemaskDecoder(BlockDecoder):
         stage_of = (rank - 1).clamp(0, copies - 1)
         h_c = h_c.view(n, copies, length, -1).gather(1, stage_of[:, None, :, None].expand(-1, 1, -1, h_c.shape[-1])).squeeze(1)
         if self.rule == "confidence":
-            support = engine.confidence_of(state, lm_head(out.hidden_states + h_c), tokens, start, end)
+            corrected = lm_head(out.hidden_states + h_c)
+            state.guard.watch(HEAD_PART, corrected)
+            support = engine.confidence_of(state, corrected, tokens, start, end)
             collapsed = support < self.threshold
         else:
             residual = lm_head(h_c).float()  # C = lm_head(h_A + h_C) - lm_head(h_A) for a linear lm_head
+            state.guard.watch(HEAD_PART, residual)
             if getattr(lm_head, "bias", None) is not None:
                 residual = residual - lm_head.bias.float()
             collapsed = residual.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).abs() > self.delta

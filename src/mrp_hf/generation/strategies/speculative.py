@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..guard import HEAD_PART
 from .base import BlockDecoder, stalled_rows_error, top_k_positions
 
 
@@ -36,7 +37,9 @@ class SpeculativeDecoder(BlockDecoder):
                 break
             acc = acc + self.head(embed(current), acc, position_ids=positions)
             state.stats.head_forwards += 1
-            tokens, confidence = engine.propose(state, lm_head(acc), start, end, open_, committed + k)
+            logits = lm_head(acc)
+            state.guard.watch(HEAD_PART, logits)
+            tokens, confidence = engine.propose(state, logits, start, end, open_, committed + k)
             draft = top_k_positions(confidence, open_, 1)
             current = torch.where(draft, tokens, current)
             open_ = open_ & ~draft
