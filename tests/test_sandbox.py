@@ -7,6 +7,7 @@ signals), the plain-data protocol between the candidate's and the checker's sand
 anything without a working bwrap (or the explicit, recorded `--unsafe-exec`).
 """
 
+import dataclasses
 import os
 import secrets
 import signal
@@ -518,6 +519,19 @@ def test_uid_is_nobody_inside_and_on_the_host_without_capabilities():
     assert set(inside) == {NOBODY if os.geteuid() == 0 else os.getuid()}
 
 
+@needs_bwrap
+def test_without_a_sized_tmpfs_a_fresh_host_folder_is_the_work_dir_and_is_removed(tmp_path):
+    # bwrap older than 0.10 has no --size: the private work dir is then a fresh host folder, bound at /sandbox
+    backend = dataclasses.replace(STATUS.backend, sized_tmpfs=False)
+    config = SandboxConfig(timeout=5.0, base_dir=str(tmp_path))
+    program = "import os\nopen('x', 'w').write('1')\nprint(os.getcwd(), os.listdir('.'), os.stat('.').st_uid)\n"
+    result = sandbox_module._run_program(backend, program, config)
+    assert result.reason == "passed" and result.stdout.split()[:2] == ["/sandbox", "['x']"]
+    job = FunctionCheck("def add(a, b):\n    return a + b\n", "add", ADD_TEST, "check(add)")
+    assert sandbox_module._run_function_check(backend, job, config).reason == "passed"
+    assert list(tmp_path.iterdir()) == []  # work dirs and output folders deleted
+
+
 # ------------------------------------------------------------------------------------ function checks
 ADD_TEST = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(a=2, b=5) == 7\n"
 
@@ -540,6 +554,10 @@ def test_function_check_right_wrong_and_failures():
     assert not ended.passed and "ended during a call" in ended.reason
     exited = _check("def add(a, b):\n    raise SystemExit(0)\n")
     assert not exited.passed and "CandidateError" in exited.reason
+    garbage = ("import json, os, sys\nos.write(json.loads(sys.argv[1])['out_fd'], b'\\x00\\x00\\x00\\x05hello')\n"
+               "def add(a, b):\n    return a + b\n")
+    result = _check(garbage)  # garbage on its own reply pipe: the checker refuses it
+    assert not result.passed and "CandidateError" in result.reason and "not valid JSON" in result.reason
 
 
 @needs_bwrap

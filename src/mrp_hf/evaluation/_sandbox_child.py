@@ -168,16 +168,13 @@ def describe(exc):
 
 
 # --------------------------------------------------------------------------------- in the sandbox only
-_NPROC_LAST = "RLIMIT_NPROC"
-
-
 def _set_limits(cfg):
     """Lower soft and hard limits (they cannot be raised again). In the bubblewrap sandbox a limit that cannot
     be set stops the run before any untrusted code starts."""
     import resource
 
     limits = [("RLIMIT_AS", cfg["memory"]), ("RLIMIT_CPU", cfg["cpu"]), ("RLIMIT_FSIZE", cfg["fsize"]),
-              ("RLIMIT_NOFILE", cfg["nofile"]), ("RLIMIT_CORE", 0), (_NPROC_LAST, 0)]  # NPROC 0: no new processes
+              ("RLIMIT_NOFILE", cfg["nofile"]), ("RLIMIT_CORE", 0), ("RLIMIT_NPROC", 0)]  # no new processes
     for name, value in limits:
         try:
             resource.setrlimit(getattr(resource, name), (value, value))
