@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -216,7 +217,7 @@ def _make_backend(bwrap: str) -> tuple[_Backend | None, str]:
         helptext = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"{bwrap}: cannot run it ({exc})"
-    options = helptext.stdout + helptext.stderr
+    options = set(re.findall(r"--[a-z0-9-]+", helptext.stdout + helptext.stderr))
     needed = ("--unshare-user", "--unshare-all", "--uid", "--cap-drop", "--die-with-parent", "--new-session",
               "--clearenv", "--ro-bind", "--remount-ro", "--proc", "--dev", "--chdir", "--setenv", "--symlink")
     missing = [option for option in needed if option not in options]
