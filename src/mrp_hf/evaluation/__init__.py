@@ -16,7 +16,19 @@ from .runner import (
     run_modes,
     write_json,
 )
-from .sandbox import SandboxConfig, SandboxResult, run_program, run_programs
+from .sandbox import (
+    FunctionCheck,
+    SandboxConfig,
+    SandboxResult,
+    SandboxStatus,
+    SandboxUnavailableError,
+    require_sandbox,
+    run_function_check,
+    run_function_checks,
+    run_program,
+    run_programs,
+    sandbox_status,
+)
 from .tasks import (
     EvalItem,
     EvalTask,
@@ -35,8 +47,10 @@ from .tasks import (
 )
 
 __all__ = [
-    "ROW_KEYS", "EvalItem", "EvalTask", "GSM8KTask", "HumanEvalTask", "ItemsTask", "JsonlTask", "SandboxConfig",
-    "SandboxResult", "as_task", "available_tasks", "extract_gsm8k_answer", "format_table", "get_task", "gsm8k_gold",
-    "load_results", "mode_generate_kwargs", "mode_label", "normalize_number", "parse_mode", "parse_modes",
-    "plot_rows", "register_task", "run_modes", "run_program", "run_programs", "truncate_at_stops", "write_json",
+    "ROW_KEYS", "EvalItem", "EvalTask", "FunctionCheck", "GSM8KTask", "HumanEvalTask", "ItemsTask", "JsonlTask",
+    "SandboxConfig", "SandboxResult", "SandboxStatus", "SandboxUnavailableError", "as_task", "available_tasks",
+    "extract_gsm8k_answer", "format_table", "get_task", "gsm8k_gold", "load_results", "mode_generate_kwargs",
+    "mode_label", "normalize_number", "parse_mode", "parse_modes", "plot_rows", "register_task", "require_sandbox",
+    "run_function_check", "run_function_checks", "run_modes", "run_program", "run_programs", "sandbox_status",
+    "truncate_at_stops", "write_json",
 ]

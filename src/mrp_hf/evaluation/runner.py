@@ -178,6 +178,8 @@ def run_modes(
 
     task = as_task(task_or_items)
     items = list(task.items())[: limit if limit is not None else None]
+    if task.has_checker:
+        task.check_ready()  # e.g. no sandbox for generated code: fail now, not after hours of decoding
     ids = [str(item.id) for item in items]
     if len(set(ids)) != len(ids):
         raise ValueError(f"task {task.name!r} has duplicate item ids; resuming needs unique ids")

