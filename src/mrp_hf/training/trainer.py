@@ -6,15 +6,18 @@ frozen backbone is moved to the process's device (it has no gradients, so DDP ne
 FSDP its transformer layers are sharded over the processes (`training/distributed.py`).
 
 Steps of `train_head` (the comments in the code repeat them):
-    1. Accelerator, seeds; the backbone (frozen, eval mode), its adapter, tokenizer and mask id.
-    2. Data: records -> samples -> rows (padding or packing), the held-out split, data loaders.
+    1. Accelerator; the output folder (`prepare_output_dir`: refuse to start over a checkpoint or a trained
+       head without `resume` / `overwrite`; with `resume`, a finished run returns its head); seeds; the
+       backbone (frozen, eval mode), its adapter, tokenizer and mask id.
+    2. Data: records (every one checked, with file and line) -> samples (ids checked against the vocabulary)
+       -> rows (padding or packing), the held-out split, data loaders.
     3. The head (`MRPConfig.for_backbone`), the objective, AdamW, cosine schedule with warm-up; `prepare`.
     4. Resume from `output_dir/checkpoint` (weights, optimizer, schedule, RNG states, data position).
     5. The loop: prepare targets (2 frozen backbone forwards, K + 1 with K chained steps), head forward,
        backward, clip, step; progress bar; held-out evaluation and atomic checkpoints every N steps;
        SIGINT / SIGTERM checkpoint and stop.
-    6. Final held-out evaluation; `head.save_pretrained(output_dir)` with the metrics in its config and in
-       `training_metrics.json`; the checkpoint is removed.
+    6. A checkpoint of the last step; final held-out evaluation; the head (`save_pretrained`) with the metrics
+       in its config and in `training_metrics.json`, written atomically (`save_final`); the checkpoint is removed.
 """
 
 from __future__ import annotations
