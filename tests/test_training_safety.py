@@ -231,7 +231,11 @@ def test_a_new_run_refuses_a_folder_holding_a_checkpoint(backbone, straight, tmp
     assert f"{out} already holds a training checkpoint (step 2 of 6)" in message
     assert "--resume" in message and "--overwrite" in message
     assert steps == [] and {p.name: p.read_bytes() for p in (out / "checkpoint").iterdir()} == before
-    # --overwrite deletes it and starts over: the same head as a straight run
+    # --overwrite deletes nothing when the run fails before training (here: on its data) ...
+    with pytest.raises(TrainingDataError):
+        train_head(str(backbone), [*RECORDS, {"prompt_ids": [5], "response_ids": [VOCAB]}], out, config=config(overwrite=True))
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint").iterdir()} == before
+    # ... and otherwise deletes the checkpoint and starts over: the same head as a straight run
     head = train_head(str(backbone), RECORDS, out, config=config(overwrite=True), on_step_end=count)
     assert steps == [1, 2, 3, 4, 5, 6]
     assert_same_weights(head, straight)

@@ -141,27 +141,20 @@ def inspect_output_dir(output_dir: str | os.PathLike) -> OutputState:
     return state
 
 
-def prepare_output_dir(output_dir: str | os.PathLike, *, resume: bool, overwrite: bool, accelerator=None) -> OutputState:
-    """Check what the run may do with `output_dir`, and with `overwrite` delete the old checkpoints and head.
+def prepare_output_dir(output_dir: str | os.PathLike, *, resume: bool, overwrite: bool) -> OutputState:
+    """Check what the run may do with `output_dir` (nothing is changed: with `overwrite`, `clear_output_dir`
+    deletes once the run is ready to train, so that a run that fails on its data deletes nothing).
 
     Refuses (`OutputExistsError`) to start a new run over a checkpoint, a trained head or other files the head
     would overwrite, naming `resume` / `overwrite`; `resume` over a folder with only foreign files is refused
-    too. Returns what the folder holds: with `resume`, `finished` says that there is nothing left to train.
-    Every process may call it; only the main process deletes (then all wait for it)."""
+    too. Returns what the folder holds: with `resume`, `finished` says that there is nothing left to train."""
     if resume and overwrite:
         raise ValueError("resume=True and overwrite=True contradict each other: resume continues the checkpoint, "
                          "overwrite deletes it. Pass one of them.")
     state = inspect_output_dir(output_dir)
     folder = state.folder
     if overwrite:
-        if accelerator is None or accelerator.is_main_process:
-            remove_checkpoints(folder)
-            for name in HEAD_FILES:
-                if (folder / name).is_file():
-                    (folder / name).unlink()
-        if accelerator is not None:
-            accelerator.wait_for_everyone()
-        return OutputState(folder)
+        return state
     if resume and (state.checkpoint is not None or state.finished):
         return state
     if state.checkpoint is not None:
@@ -183,6 +176,19 @@ def prepare_output_dir(output_dir: str | os.PathLike, *, resume: bool, overwrite
             f"replace them."
         )
     return state
+
+
+def clear_output_dir(output_dir: str | os.PathLike, accelerator=None) -> None:
+    """`overwrite`: delete the checkpoints and the trained head's files of an earlier run (only those). Every
+    process may call it; only the main process deletes, then all wait for it."""
+    folder = Path(output_dir)
+    if accelerator is None or accelerator.is_main_process:
+        remove_checkpoints(folder)
+        for name in HEAD_FILES:
+            if (folder / name).is_file():
+                (folder / name).unlink()
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
 
 
 # ---------------------------------------------------------------------------------------- full disks

@@ -7,12 +7,14 @@ FSDP its transformer layers are sharded over the processes (`training/distribute
 
 Steps of `train_head` (the comments in the code repeat them):
     1. Accelerator; the output folder (`prepare_output_dir`: refuse to start over a checkpoint or a trained
-       head without `resume` / `overwrite`; with `resume`, a finished run returns its head); seeds; the
-       backbone (frozen, eval mode), its adapter, tokenizer and mask id.
-    2. Data: records (every one checked, with file and line) -> samples (ids checked against the vocabulary)
-       -> rows (padding or packing), the held-out split, data loaders.
+       head without `resume` / `overwrite`; with `resume`, a finished run returns its head); the records
+       (every one checked, with file and line); seeds; the backbone (frozen, eval mode), its adapter,
+       tokenizer and mask id.
+    2. Data: records -> samples (ids checked against the vocabulary) -> rows (padding or packing), the
+       held-out split, data loaders.
     3. The head (`MRPConfig.for_backbone`), the objective, AdamW, cosine schedule with warm-up; `prepare`.
-    4. Resume from `output_dir/checkpoint` (weights, optimizer, schedule, RNG states, data position).
+    4. Resume from `output_dir/checkpoint` (weights, optimizer, schedule, RNG states, data position); or,
+       with `overwrite`, delete the earlier run's checkpoint and head (`clear_output_dir`).
     5. The loop: prepare targets (2 frozen backbone forwards, K + 1 with K chained steps), head forward,
        backward, clip, step; progress bar; held-out evaluation and atomic checkpoints every N steps;
        SIGINT / SIGTERM checkpoint and stop.
@@ -40,6 +42,7 @@ from ..backbones import get_adapter, load_backbone
 from ..configuration_mrp import MRPConfig
 from ..modeling_mrp import MRPHead
 from .checkpoint import (
+    clear_output_dir,
     find_checkpoint,
     load_checkpoint,
     prepare_output_dir,
@@ -229,9 +232,14 @@ def train_head(
     _check_distributed(accelerator, config, fsdp)
     # the output folder: never start over a checkpoint or a trained head unless told to; a finished run is done
     _check_output_is_not_backbone(backbone_or_path, output_dir)
-    output_state = prepare_output_dir(output_dir, resume=config.resume, overwrite=config.overwrite, accelerator=accelerator)
+    output_state = prepare_output_dir(output_dir, resume=config.resume, overwrite=config.overwrite)
     if config.resume and output_state.finished:
         return _finished_head(accelerator, output_dir, output_state.head_steps, config)
+    # every record is read and checked (file and line of each bad one) before the backbone is loaded
+    if eval_dataset is None and config.eval_dataset:
+        eval_dataset = config.eval_dataset
+    record_set = read_records(dataset)
+    eval_record_set = read_records(eval_dataset) if eval_dataset is not None else None
     set_seed(config.seed)
     model, base_id, tokenizer, found_mask = _setup_backbone(backbone_or_path, tokenizer, config)
     mask_id = _token_id(config.mask_token_id, getattr(tokenizer, "mask_token_id", None), found_mask)
@@ -256,12 +264,8 @@ def train_head(
     backbone_config = getattr(model, "config", None)
     eos_id = _token_id(getattr(tokenizer, "eos_token_id", None), getattr(backbone_config, "eos_token_id", None))
     pad_id = _token_id(getattr(tokenizer, "pad_token_id", None), eos_id, getattr(backbone_config, "pad_token_id", None), 0)
-    # every record is read and checked (file and line of each bad one) before anything trains
-    if eval_dataset is None and config.eval_dataset:
-        eval_dataset = config.eval_dataset
-    record_set = read_records(dataset)
     source = record_set.description
-    eval_record_set = read_records(eval_dataset) if eval_dataset is not None else None
+    # token ids (from the data or the tokenizer) against the backbone's vocabulary, before anything trains
     to_ids = RecordTokenizer(tokenizer, append_eos=config.append_eos, chat_template=config.chat_template, eos_token_id=eos_id)
     vocab_size = _input_vocab_size(adapter)
     samples = tokenize_records(record_set, to_ids, vocab_size)
@@ -408,6 +412,9 @@ def train_head(
                 f"KL {metrics['kl']:.4f} (C=0: {metrics['baseline_kl']:.4f})"
             )
         return metrics
+
+    if config.overwrite:  # only now that data, backbone and head are ready: a run that fails before deletes nothing
+        clear_output_dir(output_dir, accelerator)
 
     # 5. the loop
     progress = tqdm(
