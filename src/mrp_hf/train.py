@@ -75,7 +75,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     run.add_argument("--eval-every", type=int, default=500)
     run.add_argument("--save-every", type=int, default=500)
     run.add_argument("--logging-every", type=int, default=10)
-    run.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint")
+    start = run.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from OUTPUT/checkpoint (a finished run: say so and exit 0)")
+    start.add_argument("--overwrite", action="store_true",
+                       help="delete OUTPUT's checkpoint and trained head and start over (without --resume or "
+                            "--overwrite, an OUTPUT holding either is refused)")
     run.add_argument("--stop-after", type=int, default=None, help="checkpoint and stop after N steps of this run")
     run.add_argument("--keep-checkpoint", action="store_true", help="keep OUTPUT/checkpoint after the run")
     run.add_argument("--seed", type=int, default=0)
@@ -105,7 +110,7 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
-    from .training import TrainingInterrupted, train_head
+    from .training import NoSpaceLeftError, OutputExistsError, TrainingDataError, TrainingInterrupted, train_head
 
     _log_to_stderr()
     config = config_from_args(args)
@@ -116,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
         if PartialState().is_main_process:
             print(f"mrp-hf train: {stop}", file=sys.stderr)
         return {"SIGINT": 130, "SIGTERM": 143}.get(stop.reason, 75)  # 75: stopped early on purpose, resume later
+    except (TrainingDataError, OutputExistsError, NoSpaceLeftError) as error:  # the user's to fix: no traceback
+        if PartialState().is_main_process:
+            print(f"mrp-hf train: error: {error}", file=sys.stderr)
+        return 1 if isinstance(error, NoSpaceLeftError) else 2
     metrics = head.config.training.get("metrics")
     if PartialState().is_main_process:
         print(json.dumps({"output": args.output, "steps": head.config.training["steps"], "metrics": metrics}))

@@ -5,8 +5,20 @@
                       config=MRPTrainingConfig(max_steps=2000, batch_size=4, trust_remote_code=True))
 """
 
+from .checkpoint import NoSpaceLeftError, OutputExistsError
 from .config import MRPTrainingConfig
-from .data import EpochSampler, RecordTokenizer, Row, RowBuilder, RowCollator, Sample, load_records, truncate
+from .data import (
+    EpochSampler,
+    RecordTokenizer,
+    Row,
+    RowBuilder,
+    RowCollator,
+    Sample,
+    TrainingDataError,
+    load_records,
+    read_records,
+    truncate,
+)
 from .objective import AgreementMeter, HeadChain, MRPObjective, Prepared, StepTargets, kl_per_position
 from .trainer import TrainingInterrupted, train_head
 
@@ -16,6 +28,8 @@ __all__ = [
     "HeadChain",
     "MRPObjective",
     "MRPTrainingConfig",
+    "NoSpaceLeftError",
+    "OutputExistsError",
     "Prepared",
     "RecordTokenizer",
     "Row",
@@ -23,9 +37,11 @@ __all__ = [
     "RowCollator",
     "Sample",
     "StepTargets",
+    "TrainingDataError",
     "TrainingInterrupted",
     "kl_per_position",
     "load_records",
+    "read_records",
     "train_head",
     "truncate",
 ]

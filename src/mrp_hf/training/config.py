@@ -44,8 +44,10 @@ class MRPTrainingConfig:
     `max_steps` (optimizer steps) wins over `epochs`.
 
     Run: `eval_every`, `save_every` (optimizer steps; 0 = never, except at the end / on a signal),
-    `resume` (continue from `output_dir/checkpoint`), `stop_after` (stop after this many optimizer steps
-    of this run, checkpoint, and return: a preemption budget), `seed`, `mixed_precision`,
+    `resume` (continue from `output_dir/checkpoint`; on a finished run: return its head, train nothing),
+    `overwrite` (delete the output folder's checkpoint and trained head and start over; without it, or
+    `resume`, a run refuses an output folder that holds either), `stop_after` (stop after this many
+    optimizer steps of this run, checkpoint, and return: a preemption budget), `seed`, `mixed_precision`,
     `disable_progress`, `logging_every`.
 
     Backbone (when given by id/path): `trust_remote_code`, `revision`, `backbone_family`, `mask_token_id`,
@@ -92,6 +94,7 @@ class MRPTrainingConfig:
     save_every: int = 500
     logging_every: int = 10
     resume: bool = False
+    overwrite: bool = False
     stop_after: int | None = None
     keep_checkpoint: bool = False
     seed: int = 0
@@ -149,6 +152,11 @@ class MRPTrainingConfig:
         need(self.max_steps is None or self.max_steps >= 1, f"max_steps={self.max_steps}; give a positive number or None.")
         need(self.max_steps is not None or self.epochs > 0, f"epochs={self.epochs}; give epochs > 0 or max_steps.")
         need(0.0 <= self.eval_fraction < 1.0, f"eval_fraction={self.eval_fraction}; it must lie in [0, 1).")
+        need(
+            not (self.resume and self.overwrite),
+            "resume=True and overwrite=True contradict each other: resume continues the checkpoint, overwrite deletes "
+            "it. Pass one of them.",
+        )
         need(self.stop_after is None or self.stop_after >= 1, f"stop_after={self.stop_after}; give a positive number or None.")
         need(self.num_hidden_layers >= 1, f"num_hidden_layers={self.num_hidden_layers}; it must be >= 1.")
 

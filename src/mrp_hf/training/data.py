@@ -14,9 +14,10 @@ out of attention and of the loss; the prompt is never masked.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,38 +30,233 @@ logger = logging.get_logger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------- records
+#: how many bad records one error message lists (the rest are only counted)
+MAX_REPORTED_PROBLEMS = 10
+
+
+class TrainingDataError(ValueError):
+    """Training records that cannot be used. Raised before training starts, after reading every record;
+    `problems` holds the first `MAX_REPORTED_PROBLEMS` as "location: what is wrong" (a location is
+    `file:line` for JSONL) and `total` counts them all."""
+
+    def __init__(self, source: str, problems: list[str], total: int):
+        self.source = source
+        self.problems = list(problems)
+        self.total = total
+        if total == 1:
+            message = f"Invalid training data: {problems[0]}"
+        else:
+            listed = "\n".join(f"  {p}" for p in problems)
+            more = f"\n  ... and {total - len(problems)} more" if total > len(problems) else ""
+            message = f"Invalid training data in {source}: {total} bad records (fix or remove them):\n{listed}{more}"
+        super().__init__(message)
+
+
+class _Problems:
+    """Collects record problems: keeps the first few messages, counts all of them."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.messages: list[str] = []
+        self.total = 0
+
+    def add(self, message: str) -> None:
+        self.total += 1
+        if len(self.messages) < MAX_REPORTED_PROBLEMS:
+            self.messages.append(message)
+
+    def raise_if_any(self) -> None:
+        if self.total:
+            raise TrainingDataError(self.source, self.messages, self.total)
+
+
+@dataclass
+class RecordSet:
+    """Records, where each one came from (`data.jsonl:12`, `records[3]`, ...) and a short description."""
+
+    records: list[dict[str, Any]]
+    locations: list[str]
+    description: str
+
+
 def load_records(source: Any) -> tuple[list[dict[str, Any]], str]:
-    """The records of `source` and a short description of where they came from."""
+    """The records of `source` and a short description of where they came from (see `read_records`)."""
+    found = read_records(source)
+    return found.records, found.description
+
+
+def read_records(source: Any) -> RecordSet:
+    """Read and check every record of `source` (a JSONL / JSON file, a `datasets` folder, a list of dicts or a
+    `datasets.Dataset`). Raises `TrainingDataError` naming the file and line of each bad record (invalid UTF-8,
+    invalid JSON, not an object, a missing, empty or wrongly typed field, a token id that is not a
+    non-negative int) and when there is no record at all."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
-            return _load_datasets_folder(path), f"datasets folder {path}"
+            rows = _load_datasets_folder(path)
+            return _checked(rows, [f"{path} row {i}" for i in range(len(rows))], f"datasets folder {path}", str(path))
         if not path.exists():
             raise FileNotFoundError(f"Dataset {str(path)!r} does not exist; give a .jsonl file or a datasets folder.")
-        return _load_json_file(path), f"{path.name}"
+        return _read_json_file(path)
     if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
-        return [dict(r) for r in source], f"{len(source)} in-memory records"
+        rows = list(source)
+        return _checked(rows, [f"records[{i}]" for i in range(len(rows))], f"{len(rows)} in-memory records", "the records")
     if hasattr(source, "column_names") and hasattr(source, "__getitem__"):  # a datasets.Dataset
-        return [dict(r) for r in source], f"datasets.Dataset ({len(source)} rows)"
+        rows = [dict(r) for r in source]
+        return _checked(rows, [f"dataset row {i}" for i in range(len(rows))], f"datasets.Dataset ({len(rows)} rows)", "the dataset")
     raise TypeError(
         f"Unsupported dataset {type(source).__name__}: give a JSONL path, a datasets folder, a list of dicts or a "
         f"datasets.Dataset."
     )
 
 
-def _load_json_file(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        return list(json.loads(text))
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}); each line must be one JSON object.") from None
-    return records
+def _checked(values: list[Any], locations: list[str], description: str, name: str) -> RecordSet:
+    problems = _Problems(name)
+    for value, where in zip(values, locations, strict=True):
+        problem = record_problem(value)
+        if problem:
+            problems.add(f"{where}: {problem}")
+    if not values:
+        problems.add(f"{name} holds no records")
+    problems.raise_if_any()
+    return RecordSet([dict(v) for v in values], locations, description)
+
+
+def _read_json_file(path: Path) -> RecordSet:
+    """A JSON array (`.json` starting with `[`) or JSONL, streamed line by line: each line is decoded on its own,
+    so one bad line is reported with its number and the others are still checked."""
+    with open(path, "rb") as handle:
+        head = handle.read(4096).lstrip(codecs.BOM_UTF8).lstrip()
+    if path.suffix == ".json" and head.startswith(b"["):
+        return _read_json_array(path)
+    problems = _Problems(str(path))
+    records: list[dict[str, Any]] = []
+    locations: list[str] = []
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):  # split on b"\n" only: U+2028 inside a JSON string is not a line end
+            where = f"{path}:{number}"
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                problems.add(f"{where}: invalid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); save the file as UTF-8")
+                continue
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as err:
+                problems.add(f"{where}: not valid JSON ({err.msg} at column {err.colno}); each line must be one JSON object")
+                continue
+            problem = record_problem(value)
+            if problem:
+                problems.add(f"{where}: {problem}")
+                continue
+            records.append(value)
+            locations.append(where)
+    if not problems.total and not records:
+        problems.add(f"{path} holds no records (the file is empty or has only blank lines)")
+    problems.raise_if_any()
+    return RecordSet(records, locations, path.name)
+
+
+def _read_json_array(path: Path) -> RecordSet:
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise TrainingDataError(str(path), [f"{path}:{line}: invalid UTF-8 (byte 0x{data[err.start]:02x}); save the file as UTF-8"], 1) from None
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TrainingDataError(str(path), [f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})"], 1) from None
+    if not isinstance(values, list):
+        raise TrainingDataError(str(path), [f"{path}: a JSON file must hold one array of records"], 1)
+    return _checked(values, [f"{path}[{i}]" for i in range(len(values))], path.name, str(path))
+
+
+_FORMATS = "expected 'prompt' and 'response', 'messages', or 'prompt_ids' and 'response_ids'"
+
+
+def _present(record: Mapping[str, Any], key: str) -> bool:
+    # `datasets` gives every row every column, None where a row has no value
+    return record.get(key) is not None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def record_problem(record: Any) -> str | None:
+    """What is wrong with one record, or None. The format is picked as `RecordTokenizer` picks it."""
+    if not isinstance(record, Mapping):
+        return f"is {_json_kind(record)}, not an object: each record must be an object such as {{\"prompt\": ..., \"response\": ...}}"
+    if _present(record, "prompt_ids") and _present(record, "response_ids"):
+        return _ids_problem(record, "prompt_ids", allow_empty=True) or _ids_problem(record, "response_ids", allow_empty=False)
+    if _present(record, "messages"):
+        return _messages_problem(record["messages"])
+    if _present(record, "prompt") and _present(record, "response"):
+        for key in ("prompt", "response"):
+            if not isinstance(record[key], str):
+                return f"'{key}' is {_json_kind(record[key])}; it must be a string"
+        if not record["response"].strip():
+            return "'response' is empty: there is nothing to train on"
+        return None
+    for one, other in (("prompt", "response"), ("response", "prompt"), ("prompt_ids", "response_ids"), ("response_ids", "prompt_ids")):
+        if _present(record, one) and not _present(record, other):
+            return f"has '{one}' but no '{other}' (keys {sorted(record)})"
+    return f"has keys {sorted(record)}; {_FORMATS}"
+
+
+def _ids_problem(record: Mapping[str, Any], key: str, allow_empty: bool) -> str | None:
+    ids = record[key]
+    if hasattr(ids, "tolist") and not isinstance(ids, (list, tuple)):  # a tensor or an array
+        ids = ids.tolist()
+    if not isinstance(ids, (list, tuple)):
+        return f"'{key}' is {_json_kind(ids)}; it must be a list of token ids"
+    if not ids and not allow_empty:
+        return f"'{key}' is empty: there is nothing to train on"
+    for i, value in enumerate(ids):
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"'{key}'[{i}] is {value!r}, not an integer token id"
+        if value < 0:
+            return f"'{key}'[{i}] is {value}: token ids are >= 0"
+    return None
+
+
+def _messages_problem(messages: Any) -> str | None:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        return f"'messages' is {_json_kind(messages) if messages else 'empty'}; it must be a non-empty list of turns"
+    last_assistant = None
+    for i, turn in enumerate(messages):
+        if not isinstance(turn, Mapping):
+            return f"'messages'[{i}] is {_json_kind(turn)}; each turn must be an object with 'role' and 'content'"
+        if not isinstance(turn.get("role"), str):
+            return f"'messages'[{i}] has no string 'role'"
+        if not isinstance(turn.get("content"), (str, list)):
+            return f"'messages'[{i}]['content'] is {_json_kind(turn.get('content'))}; it must be a string (or a list of parts)"
+        if turn["role"] == "assistant":
+            last_assistant = i
+    if last_assistant is None:
+        return "'messages' has no assistant turn to train on"
+    content = messages[last_assistant]["content"]
+    if not content or (isinstance(content, str) and not content.strip()):
+        return f"'messages'[{last_assistant}] (the last assistant turn) is empty: there is nothing to train on"
+    return None
 
 
 def _load_datasets_folder(path: Path) -> list[dict[str, Any]]:
@@ -96,11 +292,11 @@ class RecordTokenizer:
         self.eos_token_id = eos if append_eos else None
 
     def __call__(self, record: dict[str, Any]) -> Sample:
-        if "prompt_ids" in record and "response_ids" in record:
-            prompt, response = list(map(int, record["prompt_ids"])), list(map(int, record["response_ids"]))
-        elif "messages" in record:
+        if _present(record, "prompt_ids") and _present(record, "response_ids"):
+            prompt, response = _int_list(record["prompt_ids"]), _int_list(record["response_ids"])
+        elif _present(record, "messages"):
             prompt, response = self._chat(record["messages"])
-        elif "prompt" in record and "response" in record:
+        elif _present(record, "prompt") and _present(record, "response"):
             if self.chat_template:
                 prompt, response = self._chat(
                     [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["response"]}]
@@ -142,6 +338,36 @@ class RecordTokenizer:
         # the template tokenizes differently at the boundary: tokenize the response text on its own
         response_text = full_text[len(prompt_text) :] if full_text.startswith(prompt_text) else messages[last]["content"]
         return prompt, list(tok(response_text, add_special_tokens=False)["input_ids"])
+
+
+def _int_list(ids: Any) -> list[int]:
+    return list(map(int, ids.tolist() if hasattr(ids, "tolist") else ids))
+
+
+def tokenize_records(found: RecordSet, to_ids: RecordTokenizer, vocab_size: int) -> list[Sample]:
+    """Every record of `found` as a `Sample`, after checking that each token id (from the data or from the
+    tokenizer) is inside the backbone's vocabulary: raises `TrainingDataError` naming the file and line of
+    each bad record, before training starts rather than when the row is drawn."""
+    problems = _Problems(found.description)
+    samples = []
+    for record, where in zip(found.records, found.locations, strict=True):
+        sample = to_ids(record)
+        for part, ids in (("prompt", sample.prompt), ("response", sample.response)):
+            if ids and (min(ids) < 0 or max(ids) >= vocab_size):  # min/max: C speed; find the culprit only when needed
+                index, value = next((i, v) for i, v in enumerate(ids) if not 0 <= v < vocab_size)
+                if part == "response" and index == len(ids) - 1 and value == to_ids.eos_token_id:
+                    origin, fix = "the EOS appended to the response", "pass the backbone's eos id (or append_eos=False)"
+                elif _present(record, f"{part}_ids"):
+                    origin, fix = f"'{part}_ids'[{index}]", "pre-tokenized ids must come from the backbone's tokenizer"
+                else:
+                    origin, fix = f"{part} token {index}", "the tokenizer does not match the backbone"
+                problems.add(
+                    f"{where}: {origin} is token id {value}, outside the backbone's vocabulary (ids 0..{vocab_size - 1}); {fix}"
+                )
+                break
+        samples.append(sample)
+    problems.raise_if_any()
+    return samples
 
 
 def truncate(sample: Sample, budget: int) -> Sample:
@@ -295,8 +521,9 @@ class EpochSampler(Sampler[int]):
         return self.length
 
 
-def split_records(records: list[dict[str, Any]], fraction: float, seed: int, max_samples: int) -> tuple[list, list]:
-    """(train, held-out): a seeded random `fraction` of the records (at most `max_samples`, at least one)."""
+def split_records(records: list[Any], fraction: float, seed: int, max_samples: int) -> tuple[list, list]:
+    """(train, held-out): a seeded random `fraction` of the records, or of any list (at most `max_samples`, at
+    least one)."""
     if fraction <= 0 or len(records) < 2:
         return records, []
     count = min(max_samples, max(1, round(fraction * len(records))), len(records) - 1)

@@ -6,15 +6,20 @@ frozen backbone is moved to the process's device (it has no gradients, so DDP ne
 FSDP its transformer layers are sharded over the processes (`training/distributed.py`).
 
 Steps of `train_head` (the comments in the code repeat them):
-    1. Accelerator, seeds; the backbone (frozen, eval mode), its adapter, tokenizer and mask id.
-    2. Data: records -> samples -> rows (padding or packing), the held-out split, data loaders.
+    1. Accelerator; the output folder (`prepare_output_dir`: refuse to start over a checkpoint or a trained
+       head without `resume` / `overwrite`; with `resume`, a finished run returns its head); the records
+       (every one checked, with file and line); seeds; the backbone (frozen, eval mode), its adapter,
+       tokenizer and mask id.
+    2. Data: records -> samples (ids checked against the vocabulary) -> rows (padding or packing), the
+       held-out split, data loaders.
     3. The head (`MRPConfig.for_backbone`), the objective, AdamW, cosine schedule with warm-up; `prepare`.
-    4. Resume from `output_dir/checkpoint` (weights, optimizer, schedule, RNG states, data position).
+    4. Resume from `output_dir/checkpoint` (weights, optimizer, schedule, RNG states, data position); or,
+       with `overwrite`, delete the earlier run's checkpoint and head (`clear_output_dir`).
     5. The loop: prepare targets (2 frozen backbone forwards, K + 1 with K chained steps), head forward,
        backward, clip, step; progress bar; held-out evaluation and atomic checkpoints every N steps;
        SIGINT / SIGTERM checkpoint and stop.
-    6. Final held-out evaluation; `head.save_pretrained(output_dir)` with the metrics in its config and in
-       `training_metrics.json`; the checkpoint is removed.
+    6. A checkpoint of the last step; final held-out evaluation; the head (`save_pretrained`) with the metrics
+       in its config and in `training_metrics.json`, written atomically (`save_final`); the checkpoint is removed.
 """
 
 from __future__ import annotations
@@ -36,7 +41,16 @@ from transformers.utils import logging
 from ..backbones import get_adapter, load_backbone
 from ..configuration_mrp import MRPConfig
 from ..modeling_mrp import MRPHead
-from .checkpoint import find_checkpoint, load_checkpoint, remove_checkpoints, save_checkpoint
+from .checkpoint import (
+    clear_output_dir,
+    find_checkpoint,
+    load_checkpoint,
+    prepare_output_dir,
+    remove_checkpoints,
+    save_checkpoint,
+    save_final,
+    state_nbytes,
+)
 from .config import MRPTrainingConfig
 from .data import (
     EpochSampler,
@@ -45,8 +59,9 @@ from .data import (
     RowCollator,
     RowDataset,
     describe_rows,
-    load_records,
+    read_records,
     split_records,
+    tokenize_records,
 )
 from .distributed import (
     fsdp_version,
@@ -149,6 +164,13 @@ def _resolve_block_length(adapter, config: MRPTrainingConfig) -> tuple[int, int 
     return block_length, grid
 
 
+def _input_vocab_size(adapter) -> int:
+    """Ids the backbone accepts: its lm_head's vocabulary, or fewer if its input embedding has fewer rows."""
+    size = adapter.vocab_size
+    embedding = getattr(adapter.get_input_embeddings(), "weight", None)
+    return min(size, int(embedding.shape[0])) if embedding is not None else size
+
+
 def _token_id(*candidates) -> int | None:
     for value in candidates:
         if isinstance(value, (list, tuple)) and value:
@@ -208,6 +230,16 @@ def train_head(
     accelerator = Accelerator(mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum)
     fsdp = fsdp_version(accelerator)
     _check_distributed(accelerator, config, fsdp)
+    # the output folder: never start over a checkpoint or a trained head unless told to; a finished run is done
+    _check_output_is_not_backbone(backbone_or_path, output_dir)
+    output_state = prepare_output_dir(output_dir, resume=config.resume, overwrite=config.overwrite)
+    if config.resume and output_state.finished:
+        return _finished_head(accelerator, output_dir, output_state.head_steps, config)
+    # every record is read and checked (file and line of each bad one) before the backbone is loaded
+    if eval_dataset is None and config.eval_dataset:
+        eval_dataset = config.eval_dataset
+    record_set = read_records(dataset)
+    eval_record_set = read_records(eval_dataset) if eval_dataset is not None else None
     set_seed(config.seed)
     model, base_id, tokenizer, found_mask = _setup_backbone(backbone_or_path, tokenizer, config)
     mask_id = _token_id(config.mask_token_id, getattr(tokenizer, "mask_token_id", None), found_mask)
@@ -232,20 +264,24 @@ def train_head(
     backbone_config = getattr(model, "config", None)
     eos_id = _token_id(getattr(tokenizer, "eos_token_id", None), getattr(backbone_config, "eos_token_id", None))
     pad_id = _token_id(getattr(tokenizer, "pad_token_id", None), eos_id, getattr(backbone_config, "pad_token_id", None), 0)
-    records, source = load_records(dataset)
-    if eval_dataset is None and config.eval_dataset:
-        eval_dataset = config.eval_dataset
-    if eval_dataset is not None:
-        eval_records, eval_source = load_records(eval_dataset)
-        train_records = records
-    else:
-        train_records, eval_records = split_records(records, config.eval_fraction, config.seed, config.eval_max_samples)
-        eval_source = f"{len(eval_records)} held out from {source}" if eval_records else None
+    source = record_set.description
+    # token ids (from the data or the tokenizer) against the backbone's vocabulary, before anything trains
     to_ids = RecordTokenizer(tokenizer, append_eos=config.append_eos, chat_template=config.chat_template, eos_token_id=eos_id)
+    vocab_size = _input_vocab_size(adapter)
+    samples = tokenize_records(record_set, to_ids, vocab_size)
+    if eval_record_set is not None:
+        train_records, train_samples = record_set.records, samples
+        eval_samples = tokenize_records(eval_record_set, to_ids, vocab_size)
+        eval_source = eval_record_set.description
+    else:
+        train_index, eval_index = split_records(list(range(len(samples))), config.eval_fraction, config.seed, config.eval_max_samples)
+        train_records = [record_set.records[i] for i in train_index]
+        train_samples, eval_samples = [samples[i] for i in train_index], [samples[i] for i in eval_index]
+        eval_source = f"{len(eval_samples)} held out from {source}" if eval_samples else None
     align = grid if (grid is not None and adapter.supports_padding) else 1
     builder = RowBuilder(config.max_length, pad_id, align=align, packing=config.packing)
-    train_rows, dropped = builder.build(to_ids(r) for r in train_records)
-    eval_rows, _ = builder.build(to_ids(r) for r in eval_records)
+    train_rows, dropped = builder.build(train_samples)
+    eval_rows, _ = builder.build(eval_samples)
     if dropped:
         logger.warning(f"{dropped} samples had no response token left after truncation to {config.max_length} and were dropped.")
     if not train_rows:
@@ -310,6 +346,7 @@ def train_head(
     # 4. resume
     global_step, epoch, batches_done = 0, 0, 0
     history: list[dict[str, Any]] = []
+    last_logs: dict[str, Any] = {}
     if config.resume:
         found = find_checkpoint(output_dir)
         if found is None:
@@ -336,6 +373,7 @@ def train_head(
                 )
             global_step, epoch, batches_done = state["global_step"], state["epoch"], state["batches_in_epoch"]
             history = state.get("history", [])
+            last_logs = state.get("last_logs", {})
             logger.info(f"Resumed from {found} at step {global_step} (epoch {epoch}, batch {batches_done}).")
 
     def trainer_state() -> dict[str, Any]:
@@ -348,6 +386,7 @@ def train_head(
             "state_format": "fsdp" if fsdp else "plain",
             "config": config.to_dict(),
             "history": history,
+            "last_logs": last_logs,
         }
 
     def checkpoint() -> str:
@@ -374,6 +413,9 @@ def train_head(
             )
         return metrics
 
+    if config.overwrite:  # only now that data, backbone and head are ready: a run that fails before deletes nothing
+        clear_output_dir(output_dir, accelerator)
+
     # 5. the loop
     progress = tqdm(
         total=total_steps, initial=global_step, desc="mrp train", dynamic_ncols=True,
@@ -381,7 +423,6 @@ def train_head(
     )
     run_steps = 0
     window_loss, window_count = None, 0
-    last_logs: dict[str, Any] = {}
     start_time = time.perf_counter()
     stop_reason: str | None = None
     with _StopSignals() as signals:
@@ -438,6 +479,9 @@ def train_head(
     if stop_reason is not None:
         path = str(output_dir / "checkpoint")
         raise TrainingInterrupted(global_step, path, stop_reason)
+    if run_steps:
+        # the last steps survive a crash or a full disk during the final evaluation and save: resume writes the head
+        checkpoint()
 
     # 6. final evaluation and the head-only artifact
     final = evaluate()
@@ -473,18 +517,41 @@ def train_head(
         if weights:
             head.load_state_dict(weights)
     if accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        head.save_pretrained(str(output_dir))
-        (output_dir / "training_metrics.json").write_text(
-            json.dumps({"final": final, "history": history, "train_loss": last_logs.get("loss"),
-                        "seconds_this_run": round(seconds, 2)}, indent=2) + "\n"
-        )
+        metrics_text = json.dumps({"final": final, "history": history, "train_loss": last_logs.get("loss"),
+                                   "seconds_this_run": round(seconds, 2)}, indent=2) + "\n"
+
+        def write_head(folder: Path) -> None:
+            head.save_pretrained(str(folder))
+            (folder / "training_metrics.json").write_text(metrics_text)
+
+        # into a temporary folder, then moved in with config.json last: a half-written head never looks finished
+        save_final(output_dir, write_head, needed_bytes=state_nbytes(head.state_dict()) + 1024 * 1024)
         if not config.keep_checkpoint:
             remove_checkpoints(output_dir)
     accelerator.wait_for_everyone()
     if fsdp and not weights:  # this process got no gathered copy: read the saved head
         head.load_state_dict(MRPHead.from_pretrained(str(output_dir)).state_dict())
     return head.to("cpu").eval()
+
+
+def _check_output_is_not_backbone(backbone_or_path: Any, output_dir: Path) -> None:
+    if isinstance(backbone_or_path, (str, os.PathLike)) and Path(backbone_or_path).is_dir():
+        if Path(backbone_or_path).resolve() == output_dir.resolve():
+            raise ValueError(
+                f"The output folder {output_dir} is the backbone's own folder: the head's config.json and "
+                f"model.safetensors would replace the backbone's. Choose another output folder."
+            )
+
+
+def _finished_head(accelerator, output_dir: Path, steps: int | None, config: MRPTrainingConfig) -> MRPHead:
+    """`resume=True` on a finished run: nothing to train; the saved head."""
+    if accelerator.is_main_process:
+        longer = ""
+        if config.max_steps is not None and steps is not None and config.max_steps > steps:
+            longer = (f" It was trained for {steps} steps and max_steps={config.max_steps} asks for more: a longer "
+                      f"run starts over with --overwrite (overwrite=True).")
+        logger.warning(f"{output_dir} holds a finished run (its trained head, step {steps}): nothing to resume.{longer}")
+    return MRPHead.from_pretrained(str(output_dir)).to("cpu").eval()
 
 
 def _check_distributed(accelerator, config: MRPTrainingConfig, fsdp: int | None) -> None:
