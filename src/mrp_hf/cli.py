@@ -240,7 +240,8 @@ LM_EVAL_USAGE = """usage: mrp-hf lm-eval [lm-eval arguments ...]
 Runs lm-evaluation-harness's command line (`lm-eval ...`) with the model `mrp-hf` registered; `--model mrp-hf`
 is added when no --model is given. Example:
   mrp-hf lm-eval --model_args head=HEAD,mrp_mode=speculative --tasks gsm8k --batch_size 8 --output_path runs/x
-Data parallel: accelerate launch --num_processes N -m mrp_hf.cli lm-eval ...
+Data parallel: accelerate launch --multi_gpu --num_processes N -m mrp_hf.cli lm-eval ...
+  (CPU processes: ACCELERATE_USE_CPU=true with the same command, or torchrun --nproc_per_node N -m mrp_hf.cli lm-eval ...)
 Model args and what lands in the results: docs/evaluation.md#lm-evaluation-harness; lm-eval's own options:
 mrp-hf lm-eval run --help
 """
