@@ -1,8 +1,9 @@
 """`mrp-hf`: command-line entry point.
 
 Subcommands: `families`, `generate` (decode prompts with any supported backbone), `train` (train an MRP head on
-a frozen backbone, docs/training.md), `demo` (every mode on the bundled reference DLM, docs/benchmarks.md) and
-`eval` (modes on HumanEval / GSM8K / reference tasks, docs/evaluation.md).
+a frozen backbone, docs/training.md), `demo` (every mode on the bundled reference DLM, docs/benchmarks.md),
+`eval` (modes on HumanEval / GSM8K / reference tasks, docs/evaluation.md) and `lm-eval` (lm-evaluation-harness's
+own command line with the `mrp-hf` model registered, docs/evaluation.md#lm-evaluation-harness).
 """
 
 from __future__ import annotations
@@ -234,6 +235,49 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+LM_EVAL_USAGE = """usage: mrp-hf lm-eval [lm-eval arguments ...]
+
+Runs lm-evaluation-harness's command line (`lm-eval ...`) with the model `mrp-hf` registered; `--model mrp-hf`
+is added when no --model is given. Example:
+  mrp-hf lm-eval --model_args head=HEAD,mrp_mode=speculative --tasks gsm8k --batch_size 8 --output_path runs/x
+Data parallel: accelerate launch --multi_gpu --num_processes N -m mrp_hf.cli lm-eval ...
+  (CPU processes: ACCELERATE_USE_CPU=true with the same command, or torchrun --nproc_per_node N -m mrp_hf.cli lm-eval ...)
+Model args and what lands in the results: docs/evaluation.md#lm-evaluation-harness; lm-eval's own options:
+mrp-hf lm-eval run --help
+"""
+
+
+def _cmd_lm_eval(argv: list[str]) -> int:
+    """`mrp-hf lm-eval ...`: lm-eval's own CLI entry point, with `import mrp_hf.lm_eval` done first."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(LM_EVAL_USAGE)
+        return 0
+    try:
+        from lm_eval.__main__ import cli_evaluate
+
+        from . import lm_eval as backend
+    except ImportError as exc:
+        print(f"mrp-hf lm-eval: {exc}", file=sys.stderr)
+        return 2
+    argv = list(argv)
+    is_run = bool(argv) and argv[0] not in ("ls", "validate")
+    if is_run and not any(a in ("--model", "-M") or a.startswith("--model=") for a in argv):
+        after = 1 if argv[0] == "run" else 0  # lm-eval also takes the run options without the word "run"
+        argv = argv[:after] + ["--model", backend.MODEL_NAME] + argv[after:]
+    saved, sys.argv = sys.argv, ["lm-eval", *argv]
+    backend.MRPLM.last_instance = None
+    try:
+        cli_evaluate()
+    except SystemExit as exc:  # lm-eval's argparse exits on bad arguments and --help
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    model = backend.MRPLM.last_instance
+    if model is not None and model.rank == 0 and model.stats_dict():
+        print(f"mrp-hf stats: {json.dumps(model.stats_dict())}", file=sys.stderr)
+    return 0
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backbone", help="Hub id or local folder of the DLM (optional with --head)")
     parser.add_argument("--head", help="MRP head folder or repo (MRPModel.from_pretrained); needed by MRP modes")
@@ -301,10 +345,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="accuracy and speed of several decoding modes on one task (docs/evaluation.md)")
     add_eval_arguments(ev)
     ev.set_defaults(func=_cmd_eval)
+
+    # parsed by lm-eval itself (see `main`); listed here for `mrp-hf --help`
+    sub.add_parser("lm-eval", help="lm-evaluation-harness's CLI with the `mrp-hf` model registered (mrp-hf lm-eval -h)",
+                   add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # every later argument is lm-eval's, including -h
+        return _cmd_lm_eval(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 
