@@ -36,39 +36,62 @@ def naive_logits(family, model, seq):
     else:
         raise AssertionError(family)
     logits = logits[0].float()
-    logits[:, STAND_IN_MASK_ID] = float("-inf")  # the mask token is never a proposal
     if family in ("dream", "fast_dllm_v2"):
         logits = torch.cat([logits[:1], logits[:-1]])
     return logits
 
 
+def naive_pick(logits, temperature, seed, key, answer_position, committed):
+    """(confidence, token): the softmax over the full vocabulary gives the confidence, the mask token is never
+    the token."""
+    probs = torch.softmax(logits.detach() / (temperature or 1.0), dim=-1)
+    if temperature > 0:
+        u = float(keyed_uniform(seed, STREAM_TOKEN, key, torch.tensor(answer_position), torch.tensor(committed)))
+        drawable = probs.clone()
+        drawable[STAND_IN_MASK_ID] = 0
+        cdf = drawable.double().cumsum(0)
+        token = min(int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.double))), len(probs) - 1)
+    else:
+        without_mask = logits.clone()
+        without_mask[STAND_IN_MASK_ID] = float("-inf")
+        token = int(torch.argmax(without_mask))
+    return float(probs[token].detach()), token
+
+
 def naive_decode(family, model, prompt, new_tokens, block_length, block_causal, temperature=0.0, seed=0):
-    """One token per step, most confident masked position of the current block first (leftmost on ties)."""
-    seq = list(prompt) + [STAND_IN_MASK_ID] * new_tokens
-    key = row_keys(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long))[0]
+    """One token per step, most confident masked position of the current block first (leftmost on ties).
+
+    Block-causal families count blocks from the prompt's first token (the prompt's tail shares its block with
+    the first answer tokens), decode the last block whole and return `new_tokens` answer tokens; Fast-dLLM v2
+    commits each block's first token from the last logit of what precedes it. Bidirectional families start
+    blocks at the answer."""
+    p = len(prompt)
+    grid = model.config.bd_size if family == "fast_dllm_v2" else GRID
+    end_of_answer = p + new_tokens
+    total = -(-end_of_answer // grid) * grid if block_causal else end_of_answer
+    seq = list(prompt) + [STAND_IN_MASK_ID] * (total - p)
+    key = row_keys(torch.tensor([prompt]), torch.ones(1, p, dtype=torch.long))[0]
     committed = 0
-    for start in range(len(prompt), len(seq), block_length):
+    first = (p // grid) * grid if block_causal else p
+    for start in range(first, total, block_length):
         end = start + block_length
+        if family == "fast_dllm_v2" and start % grid == 0 and seq[start] == STAND_IN_MASK_ID:
+            logits = naive_logits(family, model, seq[: start + 1])
+            seq[start] = naive_pick(logits[start], temperature, seed, key, start - p, committed)[1]
+            committed += 1
         while STAND_IN_MASK_ID in seq[start:end]:
-            visible = seq[:end] if block_causal else seq
+            visible = seq[: -(-end // grid) * grid] if block_causal else seq
             logits = naive_logits(family, model, visible)
             best = None
             for pos in range(start, end):
                 if seq[pos] != STAND_IN_MASK_ID:
                     continue
-                probs = torch.softmax(logits[pos] / (temperature or 1.0), dim=-1)
-                if temperature > 0:
-                    u = float(keyed_uniform(seed, STREAM_TOKEN, key, torch.tensor(pos - len(prompt)), torch.tensor(committed)))
-                    cdf = probs.double().cumsum(0)
-                    token = min(int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.double))), len(probs) - 1)
-                else:
-                    token = int(torch.argmax(probs))
-                conf = float(probs[token].detach())
+                conf, token = naive_pick(logits[pos], temperature, seed, key, pos - p, committed)
                 if best is None or conf > best[0]:
                     best = (conf, pos, token)
             seq[best[1]] = best[2]
             committed += 1
-    return seq
+    return seq[:end_of_answer]
 
 
 ALL_FAMILIES = ["llada", "dream", "sdar", "fast_dllm_v2", "llada2", "bert", "modernbert"]

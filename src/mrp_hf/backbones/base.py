@@ -54,8 +54,19 @@ class BackboneAdapter:
     mask_token_id_fields: ClassVar[tuple[str, ...]] = ("mask_token_id",)
     #: the family's documented mask id when its config does not carry one
     default_mask_token_id: ClassVar[int | None] = None
-    #: the remote code masks padded keys (False: the engine decodes rows of equal prompt length together)
+    #: the remote code masks padded keys (False: under the "answer" alignment the engine decodes rows of equal
+    #: prompt length together; under the "sequence" alignment every row's prompt starts at column 0, unpadded)
     supports_padding: ClassVar[bool] = True
+    #: block-causal families: where a row's blocks start. "sequence": counted from the row's first token, the
+    #: prompt's tail sharing its block with the first answer tokens (the layout of SDAR's, Fast-dLLM v2's and
+    #: LLaDA2's own generate and training); "answer": the answer starts a fresh block (see generation/layout.py)
+    block_alignment: ClassVar[str] = "answer"
+    #: dynamic decoding reveals confidence >= threshold (True) or > threshold (False), as the family's own code
+    threshold_inclusive: ClassVar[bool] = False
+    #: a model block's first token is committed from the previous block's last logit before denoising (Fast-dLLM v2)
+    autoregressive_block_start: ClassVar[bool] = False
+    #: decoding block when neither `block_length` nor a model block size is given (None: the whole answer)
+    default_block_length: ClassVar[int | None] = 32
     #: config fields that bound the positions a model can address
     max_positions_fields: ClassVar[tuple[str, ...]] = ("max_position_embeddings", "max_sequence_length", "n_positions")
     #: the forward takes an explicit 4-D attention pattern (see `packed_attention_mask`) and position ids, so the
@@ -155,6 +166,10 @@ class BackboneAdapter:
     @property
     def accepts_cache(self) -> bool:
         return self.cache_argument is not None
+
+    def cache_refusal(self) -> str:
+        """Why `prefix_cache=True` cannot be honoured (asked only when `accepts_cache` is False)."""
+        return f"prefix_cache=True, but {type(self.model).__name__}'s forward takes no past_key_values."
 
     @property
     def exact_prefix_cache(self) -> bool:
@@ -327,17 +342,20 @@ def capture_lm_head_input(module: nn.Module):
 def allowed_keys(attention_mask: torch.Tensor, query_length: int, grid: int | None) -> torch.Tensor:
     """Bool [B, 1, q, kv]: which keys each query may attend to.
 
-    Padded keys are never visible; with `grid`, a query sees keys of its own block and earlier ones
-    (block-causal), blocks counted by absolute index from the start of the sequence.
+    Padded keys are never visible (except a query's own position); with `grid`, a query sees keys of its own
+    block and earlier ones (block-causal), blocks counted by absolute index from the start of the canvas.
     """
     key_length = attention_mask.shape[1]
-    allowed = attention_mask.bool()[:, None, None, :].expand(-1, 1, query_length, key_length)
-    if grid is None:
-        return allowed
     device = attention_mask.device
-    query_block = torch.arange(key_length - query_length, key_length, device=device) // grid
-    key_block = torch.arange(key_length, device=device) // grid
-    return allowed & (key_block[None, :] <= query_block[:, None])[None, None]
+    query_index = torch.arange(key_length - query_length, key_length, device=device)
+    key_index = torch.arange(key_length, device=device)
+    # every query also sees itself: a pad query with no visible key would give NaN, which leaks into real
+    # positions through 0 * NaN in the next layer's attention (real queries see themselves anyway)
+    own = (key_index[None, :] == query_index[:, None])[None, None]
+    allowed = attention_mask.bool()[:, None, None, :].expand(-1, 1, query_length, key_length)
+    if grid is not None:
+        allowed = allowed & (key_index[None, :] // grid <= query_index[:, None] // grid)[None, None]
+    return allowed | own
 
 
 def _embedding_rows(model: nn.Module) -> int | None:

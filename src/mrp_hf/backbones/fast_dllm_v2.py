@@ -20,6 +20,8 @@ class FastDLLMv2Adapter(BackboneAdapter):
     block_size_fields = ("bd_size",)
     default_mask_token_id = 151665
     supports_padding = False
+    block_alignment = "sequence"  # absolute grid from token 0 (generate, batch_sample, training)
+    autoregressive_block_start = True  # a block's first token is the previous block's last-logit argmax
 
     def attention_inputs(self, attention_mask, query_length, grid):
         return None

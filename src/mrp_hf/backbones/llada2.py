@@ -21,6 +21,7 @@ class LLaDA2Adapter(BackboneAdapter):
     block_size_fields = ("block_size", "block_length")
     default_mask_token_id = 156895
     default_block_length = 32  # its own generate()'s default block
+    block_alignment = "sequence"  # its generate() puts the prompt at 0..P-1 on the model's grid
     packed_verify = True
     preferred_verify_layout = "packed"
 

@@ -10,7 +10,7 @@ from packaging import version
 from transformers import AutoConfig
 from transformers.utils import logging
 
-from .._compat import IS_TRANSFORMERS_5, TRANSFORMERS_VERSION
+from .._compat import IS_TRANSFORMERS_5, TRANSFORMERS_VERSION, accept_4x_generation_config_validate
 from .registry import resolve_adapter_class
 
 logger = logging.get_logger(__name__)
@@ -85,6 +85,16 @@ def _reinit_rope_buffers(model) -> None:
             module.original_inv_freq = inv_freq
 
 
+def _import_remote_code(path: str, config, revision: str | None, hub_kwargs: dict[str, Any]) -> None:
+    """Import the model class the config's `auto_map` names (as `from_pretrained` is about to), so that the
+    compatibility fixes can see its module before it runs; transformers keeps the module for the load."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    reference = (getattr(config, "auto_map", None) or {}).get(_auto_class(config).__name__)
+    if reference:
+        get_class_from_dynamic_module(reference, path, revision=revision, **hub_kwargs)
+
+
 def _tokenizer_mask_id(path: str, revision: str | None, trust_remote_code: bool, **hub_kwargs: Any) -> int | None:
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(
@@ -129,6 +139,8 @@ def load_backbone(
     remote = bool(getattr(config, "auto_map", None)) and trust_remote_code
     if IS_TRANSFORMERS_5 and remote:
         _register_default_rope()
+        _import_remote_code(pretrained_model_name_or_path, config, revision, hub_kwargs)
+        accept_4x_generation_config_validate()
     load_kwargs: dict[str, Any] = dict(kwargs, trust_remote_code=trust_remote_code, revision=revision, config=config)
     if torch_dtype is not None:
         load_kwargs[_DTYPE_KWARG] = torch_dtype

@@ -19,6 +19,7 @@ class SDARAdapter(BackboneAdapter):
     block_size_fields = ("block_size", "block_length")
     default_mask_token_id = 151669
     default_block_length = 4
+    block_alignment = "sequence"  # generate.py and the training mask count blocks from token 0
     packed_verify = True
     preferred_verify_layout = "packed"
 

@@ -17,7 +17,7 @@ TEMPERATURE_RANGE = (1e-4, 100.0)
 # Our own fields and their defaults. Sampling fields are set here too because transformers 4.x and 5.x
 # disagree on their defaults (4.x: top_k=50, temperature=1.0), and decoding must not change with the version.
 _DEFAULTS: dict[str, Any] = {
-    "block_length": None,  # None: the model's block size (block-causal) or min(32, max_new_tokens)
+    "block_length": None,  # None: the model's block size, else the family's default (see the engine)
     "steps": None,  # total denoising steps over max_new_tokens (LLaDA/Dream convention); None: tokens_per_step
     "tokens_per_step": 1,
     "threshold": None,  # set: dynamic regime (reveal every masked position above it, at least one)
@@ -32,6 +32,8 @@ _DEFAULTS: dict[str, Any] = {
     "remask_rule": "confidence",
     "remask_delta": 1.5,
     "verify_layout": "auto",  # speculative verify: candidates "stacked" in the batch or "packed" in one sequence
+    "block_alignment": None,  # None: the family's own layout ("sequence" for SDAR/Fast-dLLM v2/LLaDA2), or "answer"
+    "group_by_prompt_length": None,  # None: only where the attention ignores padding (LLaDA)
     "mask_token_id": None,
 }
 
@@ -40,7 +42,8 @@ class MRPGenerationConfig(GenerationConfig):
     """Decoding settings for diffusion LMs, with the MRP modes.
 
     Args:
-        max_new_tokens: length of the answer region (a multiple of `block_length`).
+        max_new_tokens: length of the answer region (under the "answer" block alignment a multiple of
+            `block_length`; under "sequence" any length: the last block is decoded whole, then cut).
         block_length: tokens per semi-autoregressive block; each block is finished before the next starts.
         steps: total denoising steps over `max_new_tokens` (static regime), split evenly over blocks as in
             LLaDA; the tokens of a block are spread over its steps. Overrides `tokens_per_step`.
@@ -60,6 +63,17 @@ class MRPGenerationConfig(GenerationConfig):
             in the batch dimension, `"packed"` in one sequence with block-diagonal attention over the shared
             prefix (families whose forward takes an explicit 4-D pattern), or `"auto"` (the layout measured
             faster for the family). Both give the same tokens.
+        block_alignment: where a block-causal model's blocks start. `None` (default): the family's own layout,
+            which is `"sequence"` for SDAR, Fast-dLLM v2 and LLaDA2 (blocks counted from each row's first token,
+            the prompt's tail sharing its block with the first answer tokens, as their generate functions and
+            training do; the last block is decoded whole and cut to `max_new_tokens`) and `"answer"` for the
+            project's reference DLM (the answer starts a fresh block, the prompt left-padded to a block multiple).
+            `"answer"` on a "sequence" family departs from what the model was trained on; it lets prompts of any
+            length share uniform blocks (see docs/generation.md). Bidirectional families always use "answer".
+        group_by_prompt_length: decode rows of equal prompt length together, unpadded. `None` (default): only for
+            families whose attention ignores the padding mask (LLaDA), which keeps every row's answer equal to
+            decoding it alone; `False` decodes such a padded batch in one forward per step (faster, but rows then
+            attend to their pads); `True` forces it for any family.
         eos_token_id, pad_token_id: a row stops after a block containing EOS; later tokens become pad.
     """
 
@@ -97,14 +111,8 @@ class MRPGenerationConfig(GenerationConfig):
         _positive_int("max_new_tokens", self.max_new_tokens)
         _positive_int("tokens_per_step", self.tokens_per_step)
         _positive_int("mrp_draft_tokens", self.mrp_draft_tokens, hint="K >= 1 drafts per round")
-        if self.block_length is not None:
+        if self.block_length is not None:  # whether it must divide max_new_tokens depends on the layout (engine)
             _positive_int("block_length", self.block_length)
-            if self.max_new_tokens % self.block_length:
-                raise ValueError(
-                    f"block_length={self.block_length} does not divide max_new_tokens={self.max_new_tokens}; "
-                    f"use a max_new_tokens that is a multiple of it (e.g. "
-                    f"{-(-self.max_new_tokens // self.block_length) * self.block_length})."
-                )
         if self.steps is not None:
             _positive_int("steps", self.steps)
         if self.threshold is not None:
@@ -143,6 +151,10 @@ class MRPGenerationConfig(GenerationConfig):
             _token_ids(name, getattr(self, name, None))
         if self.mrp_mode == "remask" and self.threshold is None:
             raise ValueError("mrp_mode='remask' works in the dynamic regime: pass a threshold (e.g. threshold=0.5).")
+        if self.block_alignment not in (None, "sequence", "answer"):
+            raise ValueError(f"block_alignment={self.block_alignment!r} must be None (the family's own), 'sequence' or 'answer'.")
+        if self.group_by_prompt_length not in (None, True, False):
+            raise ValueError(f"group_by_prompt_length={self.group_by_prompt_length!r} must be None (auto), True or False.")
         if self.prefix_cache not in (None, True, False):
             raise ValueError(f"prefix_cache={self.prefix_cache!r} must be None (auto), True or False.")
         for name in ("num_beams", "num_return_sequences"):  # GenerationConfig fields the engine would ignore

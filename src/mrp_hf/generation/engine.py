@@ -12,6 +12,7 @@ from .._compat import cache_length, crop_cache, select_cache_rows
 from ..backbones.base import BackboneAdapter, BackboneOutput
 from .config import MRPGenerationConfig
 from .guard import BACKBONE_PART, NonFiniteGuard
+from .layout import CanvasLayout, plan_layout
 from .sampling import TokenProposer, row_keys
 from .strategies import BlockDecoder, DynamicStrategy, RevealStrategy, StaticStrategy, StepwiseDecoder
 
@@ -83,7 +84,8 @@ class GenerationStats:
 @dataclass
 class DecodingState:
     """Everything a block decoder reads and writes for one batch; rows of `canvas` are all rows, `active`
-    indexes those still decoding (and, in that order, the rows of the KV cache)."""
+    indexes those still decoding (and, in that order, the rows of the KV cache); `layout` says where each
+    row's prompt and answer sit (`generation/layout.py`)."""
 
     canvas: torch.Tensor
     canvas_mask: torch.Tensor
@@ -93,7 +95,7 @@ class DecodingState:
     active: torch.Tensor
     cache: Any
     stats: GenerationStats
-    width: int
+    layout: CanvasLayout
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
 
 
@@ -175,15 +177,19 @@ class DecodingEngine:
 
     The steps below are the numbered steps of `MRPModel.generate`'s docstring:
 
-    1. Lay out the canvas: the left-padded prompt (widened on the left to a multiple of the model block for
-       block-causal families), then `max_new_tokens` mask tokens; position ids per row.
-    2. For each block of `block_length` tokens, while a row still has masked positions in it:
-       a. one backbone forward over the visible part of the canvas (with the prefix cache when on);
+    1. Lay out the canvas (`plan_layout`): each row's prompt, then its answer region of mask tokens, with the
+       family's block alignment (block-causal families count blocks from each row's first token, as their own
+       generate functions do; the reference DLM and bidirectional families start blocks at the answer);
+       position ids per row. Rows that must not share a padded batch are decoded in groups of equal length.
+    2. For each decoding block, while a row still has masked positions in it:
+       a. one backbone forward over the visible part of the canvas (block-causal: up to the end of the model
+          block holding it; with the prefix cache when on); families that commit a block's first token
+          autoregressively (Fast-dLLM v2) get that forward and token first;
        b. propose a token and a confidence per position (`TokenProposer`);
        c. the strategy picks the positions to reveal; commit them; count stats.
-    3. After each block: rows whose answer holds EOS stop (the rest of their answer becomes pad) and
-       leave the batch and the cache; the block goes to the streamer.
-    4. Return the sequences and the stats.
+    3. After each block: rows whose answer holds EOS, or whose last block is done, stop (the rest of their
+       answer becomes pad) and leave the batch and the cache; the block goes to the streamer.
+    4. Return the sequences (prompt + `max_new_tokens` answer tokens per row) and the stats.
     """
 
     def __init__(
@@ -196,8 +202,9 @@ class DecodingEngine:
         self.adapter = adapter
         self.config = config
         self.mask_id = adapter.mask_token_id
+        self.alignment = self._resolve_alignment()
         self.block_length = self._resolve_block_length()
-        self.num_blocks = config.max_new_tokens // self.block_length
+        self.num_blocks = -(-config.max_new_tokens // self.block_length)
         self.strategy = strategy or self._default_strategy()
         self.block_decoder = block_decoder or StepwiseDecoder(self.strategy)
         self.proposer = TokenProposer(config, self.mask_id)
@@ -221,15 +228,34 @@ class DecodingEngine:
         self.pad_id = pad if pad is not None else (in_vocab_eos[0] if in_vocab_eos else self.mask_id)
 
     # ------------------------------------------------------------------ set-up
+    def _resolve_alignment(self) -> str:
+        wanted = self.config.block_alignment
+        if wanted is None:
+            return self.adapter.block_alignment if self.adapter.block_causal else "answer"
+        if wanted == "sequence" and not self.adapter.block_causal:
+            raise ValueError(
+                f"block_alignment='sequence' counts a block-causal model's blocks from each row's first token; "
+                f"{self.adapter.family!r} ({type(self.adapter.model).__name__}) is bidirectional, its decoding blocks "
+                f"always start at the answer: use block_alignment='answer' (or leave it unset)."
+            )
+        return wanted
+
     def _resolve_block_length(self) -> int:
         cfg, adapter = self.config, self.adapter
         model_block = adapter.block_size
-        default = model_block or getattr(adapter, "default_block_length", None) or min(32, cfg.max_new_tokens)
-        block_length = cfg.block_length or default
-        if cfg.max_new_tokens % block_length:
+        if cfg.block_length:
+            block_length = cfg.block_length
+        elif model_block:
+            block_length = model_block
+        elif adapter.default_block_length is not None:
+            block_length = min(adapter.default_block_length, cfg.max_new_tokens)
+        else:  # the family decodes the whole answer as one block (Dream's diffusion_generate)
+            block_length = cfg.max_new_tokens
+        if self.alignment == "answer" and cfg.max_new_tokens % block_length:
             raise ValueError(
                 f"block_length={block_length} does not divide max_new_tokens={cfg.max_new_tokens}; use a "
-                f"max_new_tokens that is a multiple of it, or another block_length."
+                f"max_new_tokens that is a multiple of it (e.g. {-(-cfg.max_new_tokens // block_length) * block_length}), "
+                f"or another block_length."
             )
         if model_block is not None and (block_length > model_block or model_block % block_length):
             raise ValueError(
@@ -242,7 +268,7 @@ class DecodingEngine:
     def _default_strategy(self) -> RevealStrategy:
         cfg = self.config
         if cfg.threshold is not None:
-            return DynamicStrategy(cfg.threshold)
+            return DynamicStrategy(cfg.threshold, inclusive=self.adapter.threshold_inclusive)
         if cfg.steps is not None:
             if cfg.steps % self.num_blocks:
                 raise ValueError(
@@ -265,9 +291,7 @@ class DecodingEngine:
             return False
         if not self.adapter.accepts_cache:
             if wanted:
-                raise ValueError(
-                    f"prefix_cache=True, but {type(self.adapter.model).__name__}'s forward takes no past_key_values."
-                )
+                raise ValueError(self.adapter.cache_refusal())
             return False
         if self.adapter.exact_prefix_cache:
             return True
@@ -283,122 +307,180 @@ class DecodingEngine:
             return None
         return self.adapter.block_size or self.block_length
 
-    def _blocks(self, width: int) -> list[tuple[int, int]]:
-        """[start, end) of each decoding block on the canvas.
+    def _groups(self, lengths: list[int]) -> list[list[int]]:
+        """Rows decoded together: all of them, or (families whose attention ignores padding, under the answer
+        alignment) groups of equal prompt length, which need no padding at all."""
+        group = self.config.group_by_prompt_length
+        if group is None:
+            group = not self.adapter.supports_padding and self.alignment == "answer"
+        if not group or len(set(lengths)) == 1:
+            if not self.adapter.supports_padding and self.alignment == "answer" and len(set(lengths)) > 1:
+                logger.warning_once(
+                    f"{self.adapter.family}'s attention ignores attention_mask: with group_by_prompt_length=False the "
+                    f"padded rows of a batch attend to their pads, so their answers may differ from unbatched decoding."
+                )
+            return [list(range(len(lengths)))]
+        by_length: dict[int, list[int]] = {}
+        for row, length in enumerate(lengths):
+            by_length.setdefault(length, []).append(row)
+        return [by_length[length] for length in sorted(by_length)]
 
-        Normally blocks are uniform from the answer start (for block-causal families the canvas was widened
-        so that the answer starts on a model block boundary). When a block-causal family's remote code
-        cannot mask pads, the answer starts right after the prompt and blocks follow the model's absolute
-        grid, so the first and last blocks may be partial, as in the family's own generate.
-        """
-        new, step = self.config.max_new_tokens, self.block_length
-        if self.grid is None or self.adapter.supports_padding:
-            return [(start, start + step) for start in range(width, width + new, step)]
-        edges = sorted({width, width + new} | set(range(-(-width // step) * step, width + new, step)))
-        return list(zip(edges[:-1], edges[1:], strict=True))
+    def _plan(self, lengths: list[int]) -> CanvasLayout:
+        left_aligned = self.alignment == "sequence" and not self.adapter.supports_padding
+        return plan_layout(lengths, self.config.max_new_tokens, self.block_length, self.grid, self.alignment,
+                           left_aligned=left_aligned)
 
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, streamer=None) -> MRPGenerateOutput:
         prompt_mask = validate_prompt(input_ids, attention_mask, self.input_vocab_size, self.mask_id)
-        device = self.adapter.get_input_embeddings().weight.device
-        input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
-        self._check_positions(input_ids.shape[1], prompt_mask)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"streamer works with batch size 1 only, got a batch of {input_ids.shape[0]}.")
-        if not self.adapter.supports_padding and not bool(prompt_mask.all()):
-            return self._run_by_prompt_length(input_ids, prompt_mask)
-        return self._run_batch(input_ids, prompt_mask, streamer)
-
-    def _run_by_prompt_length(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor) -> MRPGenerateOutput:
-        """For families whose remote code cannot mask padding: decode each group of equal-length prompts
-        unpadded, then lay the rows out left-padded again."""
+        lengths = prompt_mask.sum(dim=1).tolist()
+        groups = self._groups(lengths)
+        layouts = [self._plan([lengths[row] for row in rows]) for rows in groups]
+        for layout in layouts:  # before anything is allocated
+            self._check_positions(layout, input_ids.shape[1])
+        device = self.adapter.get_input_embeddings().weight.device
+        input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
+        if len(groups) == 1:
+            return self._run_batch(input_ids, prompt_mask, layouts[0], streamer)
         batch, prompt_len = input_ids.shape
-        lengths = prompt_mask.sum(dim=1)
-        sequences = torch.full((batch, prompt_len + self.config.max_new_tokens), self.pad_id, dtype=torch.long, device=input_ids.device)
+        sequences = torch.full((batch, prompt_len + self.config.max_new_tokens), self.pad_id, dtype=torch.long,
+                               device=device)
         stats = GenerationStats(row_backbone_forwards=[0] * batch, row_new_tokens=[0] * batch)
-        for length in sorted(set(lengths.tolist())):
-            rows = (lengths == length).nonzero().squeeze(1)
-            part = self._run_batch(input_ids[rows, prompt_len - length :], prompt_mask[rows, prompt_len - length :], None)
-            sequences[rows, prompt_len - length :] = part.sequences
-            stats.merge(part.stats, rows.tolist())
+        for rows, layout in zip(groups, layouts, strict=True):
+            index = torch.tensor(rows, device=device)
+            part = self._run_batch(input_ids[index], prompt_mask[index], layout, None)
+            sequences[index] = part.sequences
+            stats.merge(part.stats, rows)
         return MRPGenerateOutput(sequences=sequences, stats=stats)
 
-    def _run_batch(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, streamer) -> MRPGenerateOutput:
-        adapter = self.adapter
+    def _run_batch(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, layout: CanvasLayout,
+                   streamer) -> MRPGenerateOutput:
         device = input_ids.device
         batch, prompt_len = input_ids.shape
-        new = self.config.max_new_tokens
 
         # 1. canvas, attention mask and positions
-        align = (self.grid or 1) if adapter.supports_padding else 1
-        width = -(-prompt_len // align) * align
-        extra = width - prompt_len
-        canvas = torch.full((batch, width + new), self.mask_id, dtype=torch.long, device=device)
-        canvas[:, :extra] = self.pad_id
-        canvas[:, extra:width] = input_ids
-        canvas_mask = torch.ones_like(canvas)
-        canvas_mask[:, :extra] = 0
-        canvas_mask[:, extra:width] = prompt_mask
-        left_pads = width - prompt_mask.sum(dim=1)
-        # block-causal: shift positions by whole blocks only, so the model's block grid stays on block starts
-        offsets = (left_pads // align) * align
-        positions = (torch.arange(width + new, device=device).unsqueeze(0) - offsets.unsqueeze(1)).clamp_min(0)
-
+        canvas, canvas_mask = self._lay_out(input_ids, prompt_mask, layout)
         stats = GenerationStats(row_backbone_forwards=[0] * batch, row_new_tokens=[0] * batch)
         state = DecodingState(
             canvas=canvas,
             canvas_mask=canvas_mask,
-            positions=positions,
+            positions=layout.positions(device),
             keys=row_keys(input_ids, prompt_mask),
             committed=torch.zeros(batch, dtype=torch.long, device=device),
             active=torch.arange(batch, device=device),
             cache=self._new_cache(),
             stats=stats,
-            width=width,
+            layout=layout,
         )
+        answer_start, answer_end = layout.answer_start.to(device), layout.answer_end.to(device)
+        decode_end = layout.decode_end.to(device)
         if streamer is not None:
             streamer.put(input_ids.cpu())
 
         # 2. blocks: the block decoder (stepwise, or an MRP mode) fills each block
-        for start, end in self._blocks(width):
+        for start, end in layout.blocks:
             if state.active.numel() == 0:
                 break
+            if self.adapter.autoregressive_block_start and start % self.grid == 0:
+                self._autoregressive_block_start(state, start)
             self.block_decoder.decode_block(self, state, start, end)
 
             # 3. EOS stop, streamer
-            for row in state.active.tolist():
-                stats.row_new_tokens[row] = end - width
             state.guard.check()
-            finished = self._finish_rows(canvas, state.active, width, end)
+            active = state.active
+            new_tokens = (answer_end[active].clamp_max(end) - answer_start[active]).clamp(0, self.config.max_new_tokens)
+            for row, count in zip(active.tolist(), new_tokens.tolist(), strict=True):
+                stats.row_new_tokens[row] = count
+            finished = self._eos_rows(canvas[active], answer_start[active], end) | (decode_end[active] <= end)
             if streamer is not None:
-                streamer.put(canvas[0, start:end].cpu())
+                self._stream_block(streamer, canvas[0], int(answer_start[0]), int(answer_end[0]), start, end)
             if finished.any():
                 keep = (~finished).nonzero().squeeze(1)
-                if state.cache is not None and adapter.exact_prefix_cache:
+                if state.cache is not None and self.adapter.exact_prefix_cache:
                     select_cache_rows(state.cache, keep)
-                state.active = state.active[keep]
+                state.active = active[keep]
 
         # 4. sequences and stats
         if streamer is not None:
             streamer.end()
-        return MRPGenerateOutput(sequences=canvas[:, extra:], stats=stats)
+        return MRPGenerateOutput(sequences=self._sequences(input_ids, canvas, answer_start), stats=stats)
+
+    def _lay_out(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, layout: CanvasLayout):
+        """The canvas (pads, each row's real prompt tokens, mask tokens over its decoding region) and its 2-D
+        attention mask (1 on the prompt and the decoding region)."""
+        batch, prompt_len = input_ids.shape
+        canvas = torch.full((batch, layout.length), self.pad_id, dtype=torch.long, device=input_ids.device)
+        canvas_mask = torch.zeros_like(canvas)
+        rows = zip(layout.pads.tolist(), layout.answer_start.tolist(), layout.decode_end.tolist(), strict=True)
+        for row, (pads, answer_start, decode_end) in enumerate(rows):
+            length = answer_start - pads
+            canvas[row, pads:answer_start] = input_ids[row, prompt_len - length :]
+            canvas[row, answer_start:decode_end] = self.mask_id
+            canvas_mask[row, pads:decode_end] = 1
+        return canvas, canvas_mask
+
+    def _sequences(self, input_ids: torch.Tensor, canvas: torch.Tensor, answer_start: torch.Tensor) -> torch.Tensor:
+        """The prompts as given, then each row's `max_new_tokens` answer tokens; after a row's first EOS, pad."""
+        new = self.config.max_new_tokens
+        columns = answer_start.unsqueeze(1) + torch.arange(new, device=canvas.device).unsqueeze(0)
+        answers = canvas.gather(1, columns)
+        if self.eos_ids:
+            is_eos = torch.isin(answers, torch.tensor(self.eos_ids, device=canvas.device)).long()
+            after_eos = (is_eos.cumsum(dim=1) - is_eos) > 0
+            answers = answers.masked_fill(after_eos, self.pad_id)
+        return torch.cat([input_ids, answers], dim=1)
+
+    def _stream_block(self, streamer, row: torch.Tensor, answer_start: int, answer_end: int, start: int, end: int):
+        """The answer tokens of the block just finished (pad after a first EOS, as in the returned sequences)."""
+        first, last = max(start, answer_start), min(end, answer_end)
+        if last <= first:
+            return
+        chunk = row[first:last]
+        if self.eos_ids:
+            is_eos = torch.isin(chunk, torch.tensor(self.eos_ids, device=chunk.device)).long()
+            chunk = chunk.masked_fill((is_eos.cumsum(0) - is_eos) > 0, self.pad_id)
+        streamer.put(chunk.cpu())
+
+    def _eos_rows(self, rows_canvas: torch.Tensor, answer_start: torch.Tensor, end: int) -> torch.Tensor:
+        """Bool [n]: rows whose answer up to column `end` holds an EOS."""
+        if not self.eos_ids:
+            return torch.zeros(rows_canvas.shape[0], dtype=torch.bool, device=rows_canvas.device)
+        columns = torch.arange(end, device=rows_canvas.device).unsqueeze(0)
+        is_eos = torch.isin(rows_canvas[:, :end], torch.tensor(self.eos_ids, device=rows_canvas.device))
+        return (is_eos & (columns >= answer_start.unsqueeze(1))).any(dim=1)
+
+    def _autoregressive_block_start(self, state: DecodingState, start: int) -> None:
+        """Fast-dLLM v2's rule: a model block's first token is committed at once, as the argmax (or keyed draw)
+        of the last logit of what precedes it, from a forward over the finished previous block (which also
+        writes that block's KV), before any denoising step of the block. Rows whose answer starts later in the
+        block (the prompt's tail holds its first position) decode it by denoising instead."""
+        active = state.active
+        needs = state.canvas[active, start] == self.mask_id
+        if not bool(needs.any()):
+            return
+        out = self.forward(state, start, start + 1, step=0, has_work=needs, visible_end=start + 1)
+        tokens, _ = self.propose(state, out.logits, start, start + 1, needs.unsqueeze(1), state.committed[active])
+        column = state.canvas[active, start]
+        state.canvas[active, start] = torch.where(needs, tokens[:, 0], column)
+        state.committed[active] += needs.long()
 
     # ------------------------------------------------------------------ pieces
-    def _check_positions(self, prompt_len: int, prompt_mask: torch.Tensor) -> None:
-        """Before anything is allocated: the laid-out prompt + answer must fit the model's positions."""
+    def _check_positions(self, layout: CanvasLayout, prompt_len: int) -> None:
+        """Before anything is allocated: every row's laid-out prompt + decoding region must fit the model's
+        positions (with implicit positions, the canvas columns themselves)."""
         limit, new = self.adapter.max_positions, self.config.max_new_tokens
         if limit is None:
             return
-        align = (self.grid or 1) if self.adapter.supports_padding else 1
-        width = -(-prompt_len // align) * align
-        last = width + new - 1
-        if self.adapter.accepts_position_ids:  # positions skip whole blocks of left padding (see `_run_batch`)
-            shortest_pad = int(width - prompt_mask.sum(dim=1).max())
-            last -= (shortest_pad // align) * align
+        if self.adapter.accepts_position_ids:
+            last = layout.last_position()
+        else:
+            last = layout.length - 1
         if last >= limit:
             raise ValueError(
-                f"prompt ({prompt_len} tokens, laid out to {last + 1 - new}) + max_new_tokens ({new}) needs "
-                f"position {last}, beyond the model's limit of {limit} positions; shorten the prompt or "
+                f"prompt ({prompt_len} tokens, laid out to {int(layout.answer_start.max())}) + max_new_tokens ({new}) "
+                f"needs position {last}, beyond the model's limit of {limit} positions; shorten the prompt or "
                 f"lower max_new_tokens."
             )
 
@@ -426,7 +508,7 @@ class DecodingEngine:
 
     def forward(self, state: DecodingState, start: int, end: int, step: int, output_hidden_states: bool = False,
                 canvas: torch.Tensor | None = None, copies: int = 1, has_work: torch.Tensor | None = None,
-                layout: str = "stacked") -> BackboneOutput:
+                layout: str = "stacked", visible_end: int | None = None) -> BackboneOutput:
         """One counted backbone forward for the current block of every active row.
 
         Returns the block's aligned logits (and hidden states when asked). `canvas` replaces the active rows'
@@ -437,8 +519,10 @@ class DecodingEngine:
         segments, with block-diagonal attention (`_packed_forward`). The block outputs come back
         [n * copies, L, ...] either way, and the cache comes out the same.
 
-        Without cache the input is the canvas up to the block end (block-causal: later blocks cannot be seen)
-        or the whole canvas (bidirectional). With the exact block-causal cache the input starts at the first
+        Without cache the input is the canvas up to the end of the model block that holds the decoding block
+        (block-causal: later blocks cannot be seen, and the block's later sub-blocks are part of what the model
+        reads, still masked, as in its training and its own generate) or the whole canvas (bidirectional);
+        `visible_end` overrides that end. With the exact block-causal cache the input starts at the first
         uncached position; the cache is then cropped back to the last model-block boundary before the block,
         so in-block forwards never stay in it. With the approximate bidirectional cache the first step of a
         block refreshes the whole prefix and later steps feed only the block and what follows it.
@@ -450,8 +534,12 @@ class DecodingEngine:
             canvas = state.canvas if every_row else state.canvas[active]
         canvas_mask = state.canvas_mask if every_row else state.canvas_mask[active]
         positions = state.positions if every_row else state.positions[active]
-        visible_end = end if adapter.block_causal else canvas.shape[1]
+        if visible_end is None:
+            visible_end = min(-(-end // self.grid) * self.grid, canvas.shape[1]) if adapter.block_causal else canvas.shape[1]
         cache = state.cache
+        if cache is not None and cache_length(cache) == 0:
+            # an empty cache may keep a stale batch size (transformers skips row selection on empty layers)
+            cache = state.cache = self._new_cache()
         if cache is not None and not adapter.exact_prefix_cache and step == 0:
             cache = state.cache = self._new_cache()  # approximate cache: refreshed at each block's first step
         in_start = cache_length(cache)
@@ -552,21 +640,8 @@ class DecodingEngine:
 
     @staticmethod
     def _draw_keys(state: DecodingState, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row keys [n, 1] of the active rows and answer positions [1, L] of the block: what random draws key on."""
-        positions = torch.arange(start - state.width, end - state.width, device=state.keys.device).unsqueeze(0)
-        return state.keys[state.active].unsqueeze(1), positions
-
-    def _finish_rows(self, canvas, active, width, end) -> torch.Tensor:
-        """Rows (of `active`) whose answer so far holds an EOS: pad everything after their first EOS."""
-        finished = torch.zeros(active.numel(), dtype=torch.bool, device=canvas.device)
-        if not self.eos_ids:
-            return finished
-        answers = canvas[active, width:end]
-        is_eos = torch.isin(answers, torch.tensor(self.eos_ids, device=canvas.device))
-        for i, row in enumerate(active.tolist()):
-            hits = is_eos[i].nonzero()
-            if hits.numel():
-                first = width + int(hits[0])
-                canvas[row, first + 1 :] = self.pad_id
-                finished[i] = True
-        return finished
+        """Row keys [n, 1] of the active rows and their answer positions [n, L] in the block: what random draws
+        key on (a row's answer position does not depend on where the batch put the row)."""
+        columns = torch.arange(start, end, device=state.keys.device).unsqueeze(0)
+        answer_start = state.layout.answer_start.to(state.keys.device)[state.active]
+        return state.keys[state.active].unsqueeze(1), columns - answer_start.unsqueeze(1)

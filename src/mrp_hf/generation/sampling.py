@@ -103,7 +103,13 @@ def _argmax_lastdim(x: torch.Tensor) -> torch.Tensor:
 
 
 def _filter_logits(logits: torch.Tensor, config: MRPGenerationConfig) -> torch.Tensor:
-    logits = logits / config.temperature
+    """Temperature (when sampling), then top-k and top-p: the distribution the confidence is read from.
+
+    top-k / top-p apply at temperature 0 too when set, as in Dream's and SDAR's samplers (the confidence is then
+    the probability renormalised over the kept tokens); they never change the greedy token.
+    """
+    if config.is_sampling:
+        logits = logits / config.temperature
     if config.top_k is not None and config.top_k < logits.shape[-1]:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -117,7 +123,12 @@ def _filter_logits(logits: torch.Tensor, config: MRPGenerationConfig) -> torch.T
 
 
 class TokenProposer:
-    """Turns logits into a proposed token and a confidence per position (one job, no reveal decision)."""
+    """Turns logits into a proposed token and a confidence per position (one job, no reveal decision).
+
+    As in the families' own code, the confidence is read from the softmax over the FULL vocabulary (the mask
+    token included) of the float32 logits; unlike some of them, the mask token is never proposed (a position
+    that "reveals" the mask token would stay masked forever: their loops then spin or fail).
+    """
 
     def __init__(self, config: MRPGenerationConfig, mask_token_id: int | None = None):
         self.config = config
@@ -131,18 +142,17 @@ class TokenProposer:
         Returns (tokens [n, L], confidence [n, L]).
         """
         cfg = self.config
-        logits = self._without_mask_token(logits)
+        logits = logits.float()
+        probs = self._probabilities(logits)
         if cfg.is_sampling:
-            processed = _filter_logits(logits, cfg)
-            probs = processed.softmax(dim=-1)
+            drawable = self._without_mask_token(probs, 0.0)
             u = keyed_uniform(cfg.seed, STREAM_TOKEN, row_key, position, committed).to(probs.device)
             # inverse-CDF draw: one keyed uniform per position, independent of vocabulary layout on device
-            cdf = probs.double().cumsum(dim=-1)
+            cdf = drawable.double().cumsum(dim=-1)
             tokens = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1)).squeeze(-1)
             tokens = tokens.clamp_max(probs.shape[-1] - 1)
         else:
-            probs = logits.softmax(dim=-1)
-            tokens = _argmax_lastdim(logits)
+            tokens = _argmax_lastdim(self._without_mask_token(logits, float("-inf")))
         confidence = self._confidence(probs, tokens, row_key, position, committed)
         return tokens, confidence
 
@@ -150,19 +160,19 @@ class TokenProposer:
         self, logits: torch.Tensor, tokens: torch.Tensor, row_key: torch.Tensor, position: torch.Tensor, committed: torch.Tensor
     ) -> torch.Tensor:
         """The confidence `__call__` gives `tokens` under `logits` (remask: the head-corrected logits)."""
-        logits = self._without_mask_token(logits)
-        probs = (_filter_logits(logits, self.config) if self.config.is_sampling else logits).softmax(dim=-1)
-        return self._confidence(probs, tokens, row_key, position, committed)
+        return self._confidence(self._probabilities(logits.float()), tokens, row_key, position, committed)
 
-    def _without_mask_token(self, logits: torch.Tensor) -> torch.Tensor:
-        """float32 logits where the mask token can never be drawn (it would leave its position masked forever)."""
-        source = logits
-        logits = logits.float()
-        if self.mask_token_id is not None and self.mask_token_id < logits.shape[-1]:
-            if logits is source:  # never write into the caller's tensor
-                logits = logits.clone()
-            logits[..., self.mask_token_id] = float("-inf")
-        return logits
+    def _probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """Softmax over the full vocabulary of the filtered (and, when sampling, tempered) float32 logits."""
+        return _filter_logits(logits, self.config).softmax(dim=-1)
+
+    def _without_mask_token(self, values: torch.Tensor, fill: float) -> torch.Tensor:
+        """A copy of `values` with the mask token's entry set to `fill`, so that it is never drawn or picked."""
+        if self.mask_token_id is None or self.mask_token_id >= values.shape[-1]:
+            return values
+        values = values.clone()
+        values[..., self.mask_token_id] = fill
+        return values
 
     def _confidence(self, probs, tokens, row_key, position, committed) -> torch.Tensor:
         rule = self.config.confidence

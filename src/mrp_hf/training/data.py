@@ -7,8 +7,9 @@ template: the prompt is every turn before the last assistant turn (with the gene
 response is that assistant turn.
 
 A row is one sample (right-padded per batch) or, with packing, several samples concatenated up to
-`max_length`. For block-causal backbones each sample's prompt is preceded by pad columns so that its
-response starts on a block boundary, exactly as the decoding engine lays out its canvas. Pads are masked
+`max_length`. For block-causal backbones each sample is preceded by pad columns so that its blocks fall where
+the decoding engine puts them: its first token on a block boundary for families that count blocks from the
+sequence start (SDAR, Fast-dLLM v2, LLaDA2), its response start for the reference DLM ("answer" alignment). Pads are masked
 out of attention and of the loss; the prompt is never masked.
 """
 
@@ -398,15 +399,28 @@ class Row:
 
 
 class RowBuilder:
-    def __init__(self, max_length: int, pad_token_id: int, align: int = 1, packing: bool = False):
+    """Lays samples out in rows with the decoding engine's block alignment (generation/layout.py):
+    `alignment="answer"` pads before a sample so that its response starts on a block of `align` tokens;
+    `"sequence"` pads so that the sample itself starts on one (its prompt's tail then shares a block with the
+    first response tokens, as SDAR, Fast-dLLM v2 and LLaDA2 are trained and decode)."""
+
+    def __init__(self, max_length: int, pad_token_id: int, align: int = 1, packing: bool = False,
+                 alignment: str = "answer"):
+        if alignment not in ("answer", "sequence"):
+            raise ValueError(f"alignment={alignment!r} must be 'answer' or 'sequence'.")
         self.max_length = max_length
         self.pad_token_id = pad_token_id
         self.align = max(1, align)
         self.packing = packing
+        self.alignment = alignment
+
+    def _pads(self, offset: int, sample: Sample) -> int:
+        aligned = offset if self.alignment == "sequence" else offset + len(sample.prompt)
+        return (-aligned) % self.align
 
     def _place(self, row: Row, sample: Sample) -> None:
         offset = len(row)
-        pads = (-(offset + len(sample.prompt))) % self.align
+        pads = self._pads(offset, sample)
         doc = (max(row.doc) + 1) if row.doc and max(row.doc) >= 0 else 0
         start = offset + pads + len(sample.prompt)
         row.input_ids += [self.pad_token_id] * pads + sample.prompt + sample.response
@@ -416,7 +430,7 @@ class RowBuilder:
         row.response_start += [-1] * pads + [start] * (len(sample.prompt) + len(sample.response))
 
     def _fits(self, row: Row, sample: Sample) -> bool:
-        pads = (-(len(row) + len(sample.prompt))) % self.align
+        pads = self._pads(len(row), sample)
         return len(row) + pads + len(sample.prompt) + len(sample.response) <= self.max_length
 
     def build(self, samples: Iterable[Sample]) -> tuple[list[Row], int]:
@@ -456,7 +470,8 @@ class RowDataset(Dataset):
 class RowCollator:
     """Right-pads rows to the batch's longest (with packing: to `max_length`) and builds the tensors:
     input_ids, attention_mask, response_mask, doc_ids (unique per sample in the batch, -1 on pads),
-    reveal_groups (unique per sample and reveal block, -1 outside responses), position_ids."""
+    reveal_groups (unique per sample and block, over the blocks that hold the sample's response, the prompt's
+    tail included where it shares the first of them; -1 elsewhere), position_ids."""
 
     def __init__(self, pad_token_id: int, block_length: int, absolute_blocks: bool, pad_to: int | None = None):
         self.pad_token_id = pad_token_id
@@ -487,7 +502,13 @@ class RowCollator:
         index = torch.arange(width).unsqueeze(0).expand(batch, -1)
         block = index // self.block_length if self.absolute_blocks else (index - start).clamp_min(0) // self.block_length
         blocks_per_doc = width // self.block_length + 2
-        groups = torch.where(response, doc.clamp_min(0) * blocks_per_doc + block, torch.full_like(doc, -1))
+        if self.absolute_blocks:
+            # every token of the blocks that hold the response: with blocks counted from the sample's first token,
+            # the prompt's tail shares the first of them, and the head sees it there when decoding
+            in_blocks = (doc >= 0) & (block >= start.clamp_min(0) // self.block_length)
+        else:
+            in_blocks = response
+        groups = torch.where(in_blocks, doc.clamp_min(0) * blocks_per_doc + block, torch.full_like(doc, -1))
         return {
             "input_ids": ids,
             "attention_mask": attention,

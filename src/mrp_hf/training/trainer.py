@@ -164,6 +164,15 @@ def _resolve_block_length(adapter, config: MRPTrainingConfig) -> tuple[int, int 
     return block_length, grid
 
 
+def row_builder(adapter, grid: int | None, max_length: int, pad_id: int, packing: bool = False) -> RowBuilder:
+    """Rows laid out as the decoding engine lays out its canvas: blocks of `grid` counted from each sample's
+    first token ("sequence" families) or from its response start (the reference DLM); no pads for families
+    whose attention cannot mask them."""
+    align = grid if (grid is not None and adapter.supports_padding) else 1
+    alignment = adapter.block_alignment if adapter.block_causal else "answer"
+    return RowBuilder(max_length, pad_id, align=align, packing=packing, alignment=alignment)
+
+
 def _input_vocab_size(adapter) -> int:
     """Ids the backbone accepts: its lm_head's vocabulary, or fewer if its input embedding has fewer rows."""
     size = adapter.vocab_size
@@ -278,8 +287,7 @@ def train_head(
         train_records = [record_set.records[i] for i in train_index]
         train_samples, eval_samples = [samples[i] for i in train_index], [samples[i] for i in eval_index]
         eval_source = f"{len(eval_samples)} held out from {source}" if eval_samples else None
-    align = grid if (grid is not None and adapter.supports_padding) else 1
-    builder = RowBuilder(config.max_length, pad_id, align=align, packing=config.packing)
+    builder = row_builder(adapter, grid, config.max_length, pad_id, packing=config.packing)
     train_rows, dropped = builder.build(train_samples)
     eval_rows, _ = builder.build(eval_samples)
     if dropped:
