@@ -11,6 +11,7 @@ MRP_MODES = ("off", "speculative", "remask", "direct")
 CONFIDENCE_RULES = ("top_prob", "margin", "neg_entropy", "random")
 REMASK_RULES = ("confidence", "residual")
 VERIFY_LAYOUTS = ("auto", "stacked", "packed")
+STEP_SCHEDULES = ("even", "dream")
 #: sampling temperatures outside this range overflow (tiny: every draw the same token) or drown the logits
 TEMPERATURE_RANGE = (1e-4, 100.0)
 
@@ -20,6 +21,7 @@ _DEFAULTS: dict[str, Any] = {
     "block_length": None,  # None: the model's block size, else the family's default (see the engine)
     "steps": None,  # total denoising steps over max_new_tokens (LLaDA/Dream convention); None: tokens_per_step
     "tokens_per_step": 1,
+    "step_schedule": "even",  # with steps: "even" (LLaDA, SDAR) or "dream" (Dream's diffusion_generate)
     "threshold": None,  # set: dynamic regime (reveal every masked position above it, at least one)
     "confidence": "top_prob",
     "temperature": 0.0,
@@ -48,6 +50,11 @@ class MRPGenerationConfig(GenerationConfig):
         steps: total denoising steps over `max_new_tokens` (static regime), split evenly over blocks as in
             LLaDA; the tokens of a block are spread over its steps. Overrides `tokens_per_step`.
         tokens_per_step: tokens revealed per step in the static regime (default 1: best quality).
+        step_schedule: with `steps`, how a block's tokens are spread over its steps: `"even"` (the remainder in
+            the first steps, as LLaDA's and SDAR's `get_num_transfer_tokens`) or `"dream"` (Dream's
+            `diffusion_generate` timestep schedule: int(M * (1 - t_next / t)) of the M masks left per step, every
+            remaining one at the last; some steps reveal nothing). Dream decodes the whole answer as one block:
+            `steps=max_new_tokens, step_schedule="dream"` reproduces its `diffusion_generate` (greedy).
         threshold: dynamic regime: reveal every masked position whose confidence exceeds it (at least one).
         confidence: `"top_prob"`, `"margin"` (top-1 minus top-2), `"neg_entropy"`, or `"random"` order.
         temperature, top_k, top_p: sampling; `temperature=0` is greedy. Random draws are keyed by
@@ -151,6 +158,8 @@ class MRPGenerationConfig(GenerationConfig):
             _token_ids(name, getattr(self, name, None))
         if self.mrp_mode == "remask" and self.threshold is None:
             raise ValueError("mrp_mode='remask' works in the dynamic regime: pass a threshold (e.g. threshold=0.5).")
+        if self.step_schedule not in STEP_SCHEDULES:
+            raise ValueError(f"Unknown step_schedule {self.step_schedule!r}; choose one of {list(STEP_SCHEDULES)}.")
         if self.block_alignment not in (None, "sequence", "answer"):
             raise ValueError(f"block_alignment={self.block_alignment!r} must be None (the family's own), 'sequence' or 'answer'.")
         if self.group_by_prompt_length not in (None, True, False):

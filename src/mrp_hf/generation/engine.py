@@ -282,7 +282,9 @@ class DecodingEngine:
                     f"steps={cfg.steps} gives {steps_per_block} steps per block of {self.block_length} tokens; "
                     f"use at most max_new_tokens={cfg.max_new_tokens} steps."
                 )
-            return StaticStrategy(steps_per_block=steps_per_block)
+            return StaticStrategy(steps_per_block=steps_per_block, schedule=cfg.step_schedule)
+        if cfg.step_schedule != "even":
+            raise ValueError(f"step_schedule={cfg.step_schedule!r} spreads a block over a number of steps: pass steps.")
         return StaticStrategy(tokens_per_step=cfg.tokens_per_step)
 
     def _resolve_cache(self) -> bool:
@@ -544,7 +546,7 @@ class DecodingEngine:
             cache = state.cache = self._new_cache()  # approximate cache: refreshed at each block's first step
         in_start = cache_length(cache)
         grid = self.grid or 1
-        keep = min((start // grid) * grid, start - shift)  # the cache is cropped back to this many positions
+        keep = max(0, min((start // grid) * grid, start - shift))  # the cache is cropped back to this many positions
         if copies > 1 and layout == "packed":
             out = self._packed_forward(canvas, canvas_mask, positions, cache, copies, start, end, visible_end,
                                        keep, output_hidden_states)

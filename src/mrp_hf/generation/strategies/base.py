@@ -9,8 +9,12 @@ class RevealStrategy:
     """Decides, for one denoising step of one block, which masked positions are revealed.
 
     `select` sees only confidences (with -inf at positions that are not masked) and the step index; the
-    proposed tokens come from the `TokenProposer`. Strategies never see the model.
+    proposed tokens come from the `TokenProposer`. Strategies never see the model. A strategy whose schedule
+    has steps that reveal nothing (Dream's) sets `may_reveal_nothing`; otherwise a step that reveals nothing
+    for a row with masked positions is an error (it would loop forever).
     """
+
+    may_reveal_nothing: bool = False
 
     def select(self, confidence: torch.Tensor, masked: torch.Tensor, step: int) -> torch.Tensor:
         """confidence, masked: [n, L]. Returns a bool [n, L] of positions to reveal (a subset of `masked`)."""
@@ -82,9 +86,10 @@ class StepwiseDecoder(BlockDecoder):
             tokens, confidence = engine.propose(state, logits, start, end, masked, state.committed[active])
             # c. reveal and commit
             reveal = self.strategy.select(confidence, masked, step)
-            stalled = has_work & ~reveal.any(dim=1)
-            if stalled.any():
-                raise stalled_rows_error(state, stalled, confidence)
+            if not self.strategy.may_reveal_nothing:
+                stalled = has_work & ~reveal.any(dim=1)
+                if stalled.any():
+                    raise stalled_rows_error(state, stalled, confidence)
             if active.numel() == state.canvas.shape[0]:  # every row active: write in place, no index gathers
                 window = state.canvas[:, start:end]
                 window.copy_(torch.where(reveal, tokens, window))
