@@ -62,11 +62,14 @@ def transfer_counts(block_length: int, steps: int) -> list[int]:
 
 
 def finish(answer: list[int], max_new_tokens: int, eos_token_id: int | None, pad_token_id: int) -> list[int]:
-    """The first `max_new_tokens` answer tokens, `pad_token_id` after the first EOS."""
+    """The first `max_new_tokens` answer tokens, `pad_token_id` after the first EOS (a decoder that stopped at
+    EOS may hand over fewer tokens)."""
     answer = list(answer[:max_new_tokens])
     if eos_token_id is not None and eos_token_id in answer:
         cut = answer.index(eos_token_id) + 1
-        answer[cut:] = [pad_token_id] * (len(answer) - cut)
+        answer[cut:] = [pad_token_id] * (max_new_tokens - cut)
+    if len(answer) != max_new_tokens:
+        raise AssertionError(f"decoded {len(answer)} answer tokens without an EOS, expected {max_new_tokens}")
     return answer
 
 

@@ -450,7 +450,8 @@ def load_stand_in(
     with_tokenizer: bool = False,
     **config_overrides: Any,
 ) -> torch.nn.Module:
-    """Save the stand-in under ``tmp_path / family`` and load it back through ``trust_remote_code``.
+    """Save the stand-in under ``tmp_path / family`` (Dream: ``family_validate_widened``, see
+    ``accept_new_validate_keywords``) and load it back through ``trust_remote_code``.
 
     ``auto_class`` picks the Auto class by name (default: the family's LM head class, i.e.
     ``AutoModelForCausalLM`` where the Hub ``auto_map`` has it, else ``AutoModel``).
@@ -459,10 +460,14 @@ def load_stand_in(
     import transformers
 
     spec = _family(family)
-    path = save_stand_in(family, Path(tmp_path) / family, with_tokenizer=with_tokenizer, **config_overrides)
+    widen = "generation_utils.py" in spec.extra_files
+    # the widened Dream module must not be the one other tests load from a folder named after the family
+    # (remote-code modules are shared by folder name and content): those go through the real signature
+    folder = Path(tmp_path) / (f"{family}_validate_widened" if widen else family)
+    path = save_stand_in(family, folder, with_tokenizer=with_tokenizer, **config_overrides)
     if auto_class is None:
         auto_class = "AutoModelForCausalLM" if "AutoModelForCausalLM" in spec.auto_map else "AutoModel"
-    if "generation_utils.py" in spec.extra_files:
+    if widen:
         accept_new_validate_keywords(path)
     model = getattr(transformers, auto_class).from_pretrained(str(path), trust_remote_code=True)
     return model.eval()
