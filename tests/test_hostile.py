@@ -67,7 +67,8 @@ def test_generate_from_several_threads_on_one_model(models, mode, monkeypatch):
 @pytest.fixture(scope="module")
 def saved_backbones(tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile_backbones")
-    return {family: save_stand_in(family, root / family) for family in ("sdar", "llada", "dream")}
+    overrides = {"sdar": {"mask_token_id": None}}  # an SDAR config.json without the field: the tokenizer's mask id
+    return {family: save_stand_in(family, root / family, **overrides.get(family, {})) for family in ("sdar", "llada", "dream")}
 
 
 def _saved_head(backbone_dir, folder, **config_overrides):

@@ -104,7 +104,7 @@ def test_mask_id_comes_from_the_tokenizer(family, tmp_path):
 
 
 def test_no_tokenizer_needs_an_explicit_mask_id(tmp_path):
-    bare = save_stand_in("sdar", tmp_path / "bare", with_tokenizer=False)
+    bare = save_stand_in("sdar", tmp_path / "bare", with_tokenizer=False, mask_token_id=None)
     backbone, found = load_backbone(str(bare), trust_remote_code=True, return_mask_token_id=True)
     assert found is None  # no tokenizer saved there: no mask id, and no error
     model = MRPModel.from_backbone(backbone, mask_token_id=MASK_ID)
@@ -213,7 +213,8 @@ def test_load_by_repo_id_from_hub_cache_offline(tmp_path, monkeypatch):
     HF_HUB_CACHE places the Hub cache; HF_HOME places the copy of the remote code ($HF_HOME/modules).
     HF_ENDPOINT points at a closed local port so that any network access fails at once.
     """
-    source = save_stand_in("sdar", tmp_path / "source")  # mask id in the tokenizer only: read from the cache too
+    # mask id in the tokenizer only (an SDAR config.json without it): read from the cache too
+    source = save_stand_in("sdar", tmp_path / "source", mask_token_id=None)
     expected = _decode(MRPModel.from_backbone_pretrained(str(source), trust_remote_code=True)).tolist()
     hub_cache, hf_home = tmp_path / "hub_cache", tmp_path / "hf_home"
     _hub_cache(source, hub_cache)

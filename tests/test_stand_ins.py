@@ -11,9 +11,11 @@ import transformers
 from transformers.cache_utils import DynamicCache
 
 try:
-    from stand_ins import FAMILIES, load_stand_in, save_stand_in
+    from stand_ins import FAMILIES, accept_new_validate_keywords, load_stand_in, save_stand_in
 except ImportError:  # tests/ imported as a package
-    from tests.stand_ins import FAMILIES, load_stand_in, save_stand_in
+    from tests.stand_ins import FAMILIES, accept_new_validate_keywords, load_stand_in, save_stand_in
+
+TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
 
 BLOCK = 4
 VOCAB = 128
@@ -85,11 +87,19 @@ def test_loads_through_remote_code_with_hub_names(family, tmp_path):
     assert list(config.architectures) == list(spec.architectures)
     assert config.auto_map == spec.auto_map
     assert (getattr(config, "mask_token_id", None) == 126) is spec.mask_in_config
+    if spec.block_size_field is not None:  # the trained block size is in config.json (SDAR: 4, Fast-dLLM v2: 4)
+        assert getattr(config, spec.block_size_field) == 4
+    if spec.generation_config is not None:  # Dream on transformers 5: see test_dream_generation_config_*
+        path = save_stand_in(family, tmp_path / f"{family}_validate_widened")
+        accept_new_validate_keywords(path)
     for auto_name, target in spec.auto_map.items():
         if auto_name == "AutoConfig":
             continue
         model = getattr(transformers, auto_name).from_pretrained(str(path), trust_remote_code=True)
         assert type(model).__name__ == target.split(".")[-1]
+        if spec.generation_config is not None:  # the model read generation_config.json with its own class
+            assert type(model.generation_config).__name__ == "DreamGenerationConfig"
+            assert model.generation_config.alg == "entropy" and model.generation_config.mask_token_id == 126
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), trust_remote_code=True)
     assert tokenizer.mask_token == spec.mask_token
     assert tokenizer.mask_token_id == 126
@@ -171,19 +181,22 @@ def test_block_causal(family, model_of):
     assert not torch.allclose(out_same[:, 8:], base[:, 8:])
 
 
-def test_llada_padding_and_no_cache(model_of):
+def test_llada_attends_to_padding_and_has_no_cache(model_of):
+    """The real attention calls SDPA with attn_mask=None: attention_mask and attention_bias change nothing."""
     model, ids = model_of("llada"), _ids()
     mask = torch.ones_like(ids)
-    mask[:, 3] = 0
+    mask[:, :3] = 0  # three left pads
     changed = ids.clone()
-    changed[:, 3] = (changed[:, 3] + 7) % 120
+    changed[:, 1] = (changed[:, 1] + 7) % 120  # a different pad token
+    hidden = torch.zeros(1, 1, 12, 12, dtype=torch.bool)
     with torch.no_grad():
-        a = model(ids, attention_mask=mask).logits
-        b = model(changed, attention_mask=mask).logits
-        c = model(ids).logits
-    keep = [i for i in range(12) if i != 3]
-    torch.testing.assert_close(a[:, keep], b[:, keep])  # masked key is invisible
-    assert not torch.allclose(a[:, 0], c[:, 0])
+        plain = model(ids).logits
+        padded = model(ids, attention_mask=mask).logits
+        other_pad = model(changed, attention_mask=mask).logits
+        biased = model(ids, attention_bias=hidden).logits
+    torch.testing.assert_close(padded, plain)  # the padding mask is ignored ...
+    torch.testing.assert_close(biased, plain)  # ... and so is an attention bias
+    assert not torch.allclose(other_pad[:, 3:], padded[:, 3:])  # real tokens attend to the pads
     with pytest.raises(AssertionError):
         model(ids, use_cache=True)
     out = model(ids, output_hidden_states=True)
@@ -251,7 +264,10 @@ def test_fast_dllm_v2_update_flag_and_block_cache(model_of):
         assert cache.get_seq_length() == 8 and block_cache.get_seq_length() == BLOCK
         model(ids[:, 8:], use_cache=True, past_key_values=cache, update_past_key_values=True, block_size=BLOCK)
         assert cache.get_seq_length() == 12
-        assert "hidden_states" not in model(ids, block_size=BLOCK, output_hidden_states=True)
+        # hidden_states is the final normalised state as one tensor (the Hub forward's), never a layer tuple
+        out = model(ids, block_size=BLOCK, output_hidden_states=True)
+        assert isinstance(out.hidden_states, torch.Tensor) and out.hidden_states.shape == (2, 12, 32)
+        torch.testing.assert_close(model.lm_head(out.hidden_states), out.logits)
 
 
 def test_llada2_append_only_cache_and_mask_rules(model_of):
@@ -271,9 +287,84 @@ def test_llada2_append_only_cache_and_mask_rules(model_of):
             assert cache.get_seq_length() == 12
             cache.crop(-BLOCK)  # negative crop works on transformers 4 and 5
             assert cache.get_seq_length() == 8
-        # Without a 4-D mask the model is causal: a later token never changes earlier logits.
+        # Without a 4-D mask (transformers 4.x's _prepare_4d_causal_attention_mask_for_sdpa + is_causal=False):
+        # None or an all-ones 2-D mask gives NO mask, so a later token changes earlier logits ...
         changed = ids.clone()
         changed[:, 5] = (changed[:, 5] + 7) % 120
         a, b = model(ids).logits, model(changed).logits
-        torch.testing.assert_close(a[:, :5], b[:, :5])
+        assert not torch.allclose(a[:, :5], b[:, :5])
+        ones = torch.ones_like(ids)
+        torch.testing.assert_close(model(ids, attention_mask=ones).logits, a)
+        # ... while a 2-D mask with padding gives causal attention over the unpadded keys
+        padded = ones.clone()
+        padded[:, :2] = 0
+        a, b = model(ids, attention_mask=padded).logits, model(changed, attention_mask=padded).logits
+        torch.testing.assert_close(a[:, 2:5], b[:, 2:5])
         assert not torch.allclose(a[:, 5], b[:, 5])
+
+
+def test_dream_generation_config_fails_on_transformers_5_like_the_hub_files(tmp_path):
+    """Dream's own from_pretrained reads generation_config.json with DreamGenerationConfig, whose
+    validate(self, is_init=False) rejects the keyword transformers 5 passes (the Hub files fail the same way)."""
+    import inspect
+
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    path = save_stand_in("dream", tmp_path / "dream_validate_check")  # a module name no other test loads
+    config_cls = get_class_from_dynamic_module("generation_utils.DreamGenerationConfig", str(path))
+    assert list(inspect.signature(config_cls.validate).parameters) == ["self", "is_init"]
+    if TRANSFORMERS_5:
+        with pytest.raises(TypeError, match=r"validate\(\) got an unexpected keyword argument 'user_set_attributes'"):
+            transformers.AutoModel.from_pretrained(str(path), trust_remote_code=True)
+    else:
+        model = transformers.AutoModel.from_pretrained(str(path), trust_remote_code=True)
+        assert type(model.generation_config).__name__ == "DreamGenerationConfig"
+        assert (model.generation_config.steps, model.generation_config.eps) == (512, 1e-3)
+
+
+@pytest.fixture(scope="module")
+def dream_pair(tmp_path_factory):
+    """The Hub Dream stand-in and Fast-dLLM's variant, saved with the same seed: the same weights."""
+    root = tmp_path_factory.mktemp("dream_pair")
+    return load_stand_in("dream", root), load_stand_in("dream_fast_dllm", root)
+
+
+def test_dream_fast_dllm_variant_has_the_same_weights_and_ignores_position_ids(dream_pair):
+    hub, variant = dream_pair
+    for (name, x), (other, y) in zip(hub.state_dict().items(), variant.state_dict().items(), strict=True):
+        assert name == other and torch.equal(x, y), name
+    ids = _ids()
+    with torch.no_grad():
+        reference = hub(ids, attention_mask="full").logits
+        torch.testing.assert_close(variant(ids, attention_mask="full").logits, reference, rtol=1e-5, atol=1e-5)
+        gapped = torch.cat([torch.arange(6), torch.arange(11, 17)])[None]  # the Hub file uses it; Fast-dLLM's not
+        torch.testing.assert_close(variant(ids, attention_mask="full", position_ids=gapped).logits, reference,
+                                   rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(hub(ids, attention_mask="full", position_ids=gapped).logits, reference)
+
+
+def test_dream_fast_dllm_variant_legacy_cache_protocol(dream_pair):
+    _, model = dream_pair
+    ids = _ids()
+    with torch.no_grad():
+        full = model(ids, "full", use_cache=True)
+        cache = full.past_key_values  # a list of (k, v) per layer, k/v before RoPE: [B, S, kv_heads * head_dim]
+        assert isinstance(cache, list) and len(cache) == 2 and len(cache[0]) == 2
+        assert cache[0][0].shape == (2, 12, 2 * 8)
+        prefix = [tuple(t[:, :8] for t in layer) for layer in cache]
+        step = model(ids[:, 8:], "full", past_key_values=prefix, use_cache=True)
+        torch.testing.assert_close(step.logits, full.logits[:, 8:], rtol=1e-4, atol=1e-4)
+        assert prefix[0][0].shape[1] == 8 and step.past_key_values[0][0].shape[1] == 12  # returned, not appended
+        assert model(ids, "full").past_key_values is None  # use_cache defaults to False
+        # dual cache (one row, as Fast-dLLM uses it): the whole sequence cached; a block's k/v replaced in place,
+        # its queries at its own positions
+        whole = [tuple(t[:1].clone() for t in layer) for layer in cache]
+        replace = torch.zeros(1, 12, dtype=torch.bool)
+        replace[:, 4:8] = True
+        block = model(ids[:1, 4:8], "full", past_key_values=whole, use_cache=True, dual_cache=True,
+                      replace_position=replace)
+        torch.testing.assert_close(block.logits, full.logits[:1, 4:8], rtol=1e-4, atol=1e-4)
+        # a transformers Cache fails at the legacy read past_key_values[0][0], as with the real file
+        error = TypeError if TRANSFORMERS_5 else KeyError
+        with pytest.raises(error):
+            model(ids, "full", past_key_values=DynamicCache(), use_cache=True)

@@ -515,7 +515,8 @@ def test_text_streamer_stops_at_eos(folders, capsys):
 
 
 def test_mask_id_outside_the_vocabulary(tmp_path):
-    bare = save_stand_in("sdar", tmp_path / "bare", with_tokenizer=False)  # no tokenizer: the family default 151669
+    # an SDAR folder whose config.json has no mask id and no tokenizer beside it: the family default 151669
+    bare = save_stand_in("sdar", tmp_path / "bare", with_tokenizer=False, mask_token_id=None)
     with pytest.raises(ValueError, match="151669"):
         model = MRPModel.from_backbone_pretrained(str(bare), trust_remote_code=True)  # vocabulary of 128
         model.generate(PROMPT, max_new_tokens=8)

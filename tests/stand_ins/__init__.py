@@ -12,11 +12,18 @@ Public API::
     save_stand_in(family, path, *, with_tokenizer=True, init_std=0.5, **config_overrides) -> Path
     load_stand_in(family, tmp_path, *, auto_class=None, **config_overrides) -> model in eval mode
     FAMILIES  # family name -> FamilySpec (facts + tiny default config)
+    VARIANTS  # other remote-code files of a family (e.g. Fast-dLLM's own Dream modeling file)
 
-``save_stand_in`` writes ``config.json`` (with the Hub ``auto_map``), the two python
-files, seeded random ``model.safetensors`` weights and, by default, a tiny word-level
-tokenizer whose special tokens sit at the family's ids.  The folder then loads with
-``AutoModel*.from_pretrained(path, trust_remote_code=True)`` on transformers 4.x and 5.x.
+``save_stand_in`` writes ``config.json`` (with the Hub ``auto_map``), the python files,
+seeded random ``model.safetensors`` weights, the family's ``generation_config.json`` where
+its Hub repo ships one the model reads (Dream) and, by default, a tiny word-level tokenizer
+whose special tokens sit at the family's ids.  A config override set to ``None`` leaves the
+field out of ``config.json`` (e.g. ``mask_token_id=None``: a repo whose config lacks it).
+
+The folder loads with ``AutoModel*.from_pretrained(path, trust_remote_code=True)`` on
+transformers 4.x; on 5.x the Dream files fail there exactly like the Hub's (see
+``dream/generation_utils.py``), and ``load_stand_in`` works around it for the tests that only
+need a loaded model (``mrp_hf.load_backbone`` must handle it by itself).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FAMILIES", "FamilySpec", "load_stand_in", "save_stand_in"]
+__all__ = ["FAMILIES", "VARIANTS", "FamilySpec", "accept_new_validate_keywords", "load_stand_in", "save_stand_in"]
 
 _HERE = Path(__file__).resolve().parent
 
@@ -59,11 +66,27 @@ class FamilySpec:
     attention: str = "bidirectional"
     cache: str = "none"
     extra: dict[str, Any] = field(default_factory=dict)
+    extra_files: tuple[str, ...] = ()  # further python files of the Hub repo (relative imports)
+    files_from: str | None = None  # folder holding the files that `folder` does not have (variants)
+    generation_config: dict[str, Any] | None = None  # generation_config.json fields, where the model reads it
 
     @property
     def model_class(self) -> str:
         return self.architectures[0]
 
+
+# What the Hub Dream repos ship in generation_config.json (token ids at the stand-in's values); the model's own
+# `from_pretrained` reads it with `DreamGenerationConfig.from_pretrained`.
+_DREAM_GENERATION_CONFIG = {
+    "bos_token_id": EOS_ID,
+    "eos_token_id": EOS_ID,
+    "pad_token_id": PAD_ID,
+    "mask_token_id": MASK_ID,
+    "temperature": 0.2,
+    "top_p": 0.95,
+    "alg": "entropy",
+    "steps": 512,
+}
 
 FAMILIES: dict[str, FamilySpec] = {
     "llada": FamilySpec(
@@ -129,6 +152,8 @@ FAMILIES: dict[str, FamilySpec] = {
         shifted_logits=True,
         attention="bidirectional (caller's 4-D mask passed to SDPA as is)",
         cache="appends to a caller-given Cache in place; never returned; unused by generate",
+        extra_files=("generation_utils.py",),
+        generation_config=_DREAM_GENERATION_CONFIG,
     ),
     "sdar": FamilySpec(
         folder="sdar",
@@ -155,9 +180,14 @@ FAMILIES: dict[str, FamilySpec] = {
             "eos_token_id": EOS_ID,
             "use_cache": True,
             "tie_word_embeddings": False,
+            # SDAR-4B-Chat / SDAR-8B-Chat config.json: "block_size": 4, "mask_token_id": 151669
+            "block_size": 4,
+            "mask_token_id": MASK_ID,
         },
         mask_token="<|MASK|>",
-        attention="block-causal, mask built by the caller (block length is a decoding argument)",
+        mask_in_config=True,
+        block_size_field="block_size",
+        attention="block-causal, 4-D mask built by the caller and used as given (blocks from token 0 in generate.py)",
         cache="store_kv flag: True appends to the Cache, False attends to it read-only",
         extra={"default_block_length": 4},
     ),
@@ -232,11 +262,50 @@ FAMILIES: dict[str, FamilySpec] = {
 }
 
 
+
+# Other remote-code files published for a family, with the family's model_type (the library detects the family,
+# then has to tell the variant by its interface).
+VARIANTS: dict[str, FamilySpec] = {
+    # Fast-dLLM's copy of Dream's modeling file (NVlabs/Fast-dLLM dream/model/modeling_dream.py): same config,
+    # weights and generation config as the Hub Dream, but legacy list-of-(k, v) caches and `dual_cache` /
+    # `replace_position` forward arguments.
+    "dream_fast_dllm": FamilySpec(
+        folder="dream_fast_dllm",
+        files_from="dream",
+        config_file="configuration_dream.py",
+        modeling_file="modeling_dream.py",
+        model_type="Dream",
+        architectures=("DreamModel",),
+        auto_map={
+            "AutoConfig": "configuration_dream.DreamConfig",
+            "AutoModel": "modeling_dream.DreamModel",
+        },
+        config=FAMILIES["dream"].config,
+        mask_token="<|mask|>",
+        mask_in_config=True,
+        shifted_logits=True,
+        attention="bidirectional (caller's 4-D mask passed to SDPA as is); position_ids ignored (arange)",
+        cache="legacy list of per-layer (k, v) pre-RoPE projections, returned; reads past_key_values[0][0]",
+        extra_files=("generation_utils.py",),
+        generation_config=_DREAM_GENERATION_CONFIG,
+    ),
+}
+
+
 def _family(family: str) -> FamilySpec:
-    try:
+    if family in FAMILIES:
         return FAMILIES[family]
-    except KeyError:
-        raise ValueError(f"unknown stand-in family {family!r}; choose from {sorted(FAMILIES)}") from None
+    if family in VARIANTS:
+        return VARIANTS[family]
+    raise ValueError(f"unknown stand-in family {family!r}; choose from {sorted(FAMILIES) + sorted(VARIANTS)}")
+
+
+def _source(spec: FamilySpec, name: str) -> Path:
+    """The stand-in file `name` of `spec`: in its own folder, else in the folder it shares files with."""
+    own = _HERE / spec.folder / name
+    if own.is_file() or spec.files_from is None:
+        return own
+    return _HERE / spec.files_from / name
 
 
 def _save_tokenizer(spec: FamilySpec, path: Path, vocab_size: int, mask_id: int, eos_id: int, pad_id: int) -> None:
@@ -290,22 +359,25 @@ def save_stand_in(
     """Write a loadable stand-in model folder for ``family`` at ``path`` and return it.
 
     ``config_overrides`` replace entries of the tiny default config (e.g. ``n_layers=1`` for
-    LLaDA, ``bd_size=8`` for Fast-dLLM v2).  Weights are seeded (``torch.manual_seed(0)``).
+    LLaDA, ``bd_size=8`` for Fast-dLLM v2); an override set to ``None`` leaves the field out
+    of ``config.json``. Weights are seeded (``torch.manual_seed(0)``).
     """
     from transformers import AutoConfig
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
     spec = _family(family)
-    mask_id = int(config_overrides.get("mask_token_id", spec.mask_token_id))
+    mask_id = config_overrides.get("mask_token_id", spec.mask_token_id)
+    mask_id = int(spec.mask_token_id if mask_id is None else mask_id)  # the tokenizer's mask id
     if not spec.mask_in_config:  # the real family keeps the mask id in the tokenizer only
         config_overrides.pop("mask_token_id", None)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    for name in (spec.config_file, spec.modeling_file):
-        shutil.copyfile(_HERE / spec.folder / name, path / name)
+    for name in (spec.config_file, spec.modeling_file, *spec.extra_files):
+        shutil.copyfile(_source(spec, name), path / name)
 
     config_dict = dict(spec.config)
     config_dict.update(config_overrides)
+    config_dict = {key: value for key, value in config_dict.items() if value is not None}
     config_dict.update(
         model_type=spec.model_type,
         architectures=list(spec.architectures),
@@ -313,6 +385,9 @@ def save_stand_in(
         torch_dtype="float32",
     )
     (path / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+    if spec.generation_config is not None:
+        generation = dict(spec.generation_config, mask_token_id=mask_id)
+        (path / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
 
     config = AutoConfig.from_pretrained(str(path), trust_remote_code=True)
     module_file = spec.modeling_file[: -len(".py")]
@@ -336,6 +411,37 @@ def save_stand_in(
     return path
 
 
+def accept_new_validate_keywords(path: str | Path) -> None:
+    """Let the Dream stand-in saved at ``path`` load on transformers 5 through plain ``from_pretrained``.
+
+    The Hub Dream's ``DreamModel.from_pretrained`` calls ``DreamGenerationConfig.from_pretrained``, and
+    transformers 5 then calls ``validate(user_set_attributes=...)``, which Dream's ``validate(self,
+    is_init=False)`` rejects (TypeError), as the stand-in reproduces. Test plumbing only: it widens that
+    signature in the folder's remote-code module (shared by every folder with the same name and files), so
+    tests that need a loaded Dream do not depend on the library's own fix, which ``mrp_hf.load_backbone``
+    must apply by itself (tested on a folder of its own).
+    """
+    import sys
+
+    import transformers
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return
+    # the class object the modeling module imported (the one its `from_pretrained` calls)
+    model_cls = get_class_from_dynamic_module("modeling_dream.DreamModel", str(path))
+    config_cls = sys.modules[model_cls.__module__].DreamGenerationConfig
+    original = config_cls.validate
+    if getattr(original, "_stand_in_wrapped", False):
+        return
+
+    def validate(self, *args, **kwargs):
+        return original(self, is_init=kwargs.get("is_init", False))
+
+    validate._stand_in_wrapped = True
+    config_cls.validate = validate
+
+
 def load_stand_in(
     family: str,
     tmp_path: str | Path,
@@ -344,7 +450,8 @@ def load_stand_in(
     with_tokenizer: bool = False,
     **config_overrides: Any,
 ) -> torch.nn.Module:
-    """Save the stand-in under ``tmp_path / family`` and load it back through ``trust_remote_code``.
+    """Save the stand-in under ``tmp_path / family`` (Dream: ``family_validate_widened``, see
+    ``accept_new_validate_keywords``) and load it back through ``trust_remote_code``.
 
     ``auto_class`` picks the Auto class by name (default: the family's LM head class, i.e.
     ``AutoModelForCausalLM`` where the Hub ``auto_map`` has it, else ``AutoModel``).
@@ -353,8 +460,14 @@ def load_stand_in(
     import transformers
 
     spec = _family(family)
-    path = save_stand_in(family, Path(tmp_path) / family, with_tokenizer=with_tokenizer, **config_overrides)
+    widen = "generation_utils.py" in spec.extra_files
+    # the widened Dream module must not be the one other tests load from a folder named after the family
+    # (remote-code modules are shared by folder name and content): those go through the real signature
+    folder = Path(tmp_path) / (f"{family}_validate_widened" if widen else family)
+    path = save_stand_in(family, folder, with_tokenizer=with_tokenizer, **config_overrides)
     if auto_class is None:
         auto_class = "AutoModelForCausalLM" if "AutoModelForCausalLM" in spec.auto_map else "AutoModel"
+    if widen:
+        accept_new_validate_keywords(path)
     model = getattr(transformers, auto_class).from_pretrained(str(path), trust_remote_code=True)
     return model.eval()

@@ -14,7 +14,10 @@ Hub model:
 * logits are *not* shifted inside the model: the caller does ``cat([logits[:, :1], logits[:, :-1]])``
   (logits at ``i - 1`` predict token ``i``);
 * a ``Cache`` passed as ``past_key_values`` is appended to in place by every forward, as in the Hub
-  code; it is not returned in the output.
+  code; it is not returned in the output;
+* ``DreamPreTrainedModel.from_pretrained`` loads the model, then replaces its generation config by
+  ``DreamGenerationConfig.from_pretrained(path)`` (``generation_utils.py``), as the Hub class does: on
+  transformers 5.x that call raises ``TypeError`` (see ``generation_utils.py``).
 """
 
 import torch
@@ -25,6 +28,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
 
 from .configuration_dream import DreamConfig
+from .generation_utils import DreamGenerationConfig
 
 
 class DreamRMSNorm(nn.Module):
@@ -129,6 +133,20 @@ class DreamPreTrainedModel(PreTrainedModel):
                 module.bias.data.zero_()
         elif isinstance(module, DreamRMSNorm):
             module.weight.data.fill_(1.0)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        # As the Hub class: the generation config loaded by `from_pretrained` lacks Dream's fields, so read
+        # generation_config.json again with Dream's own class (the call that fails on transformers 5.x).
+        hub = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
+        model.generation_config = DreamGenerationConfig.from_pretrained(
+            pretrained_model_name_or_path,
+            **{key: kwargs[key] for key in hub if key in kwargs},
+            _from_auto=kwargs.get("_from_auto", False),
+            _from_pipeline=kwargs.get("_from_pipeline", None),
+        )
+        return model
 
 
 class DreamBaseModel(DreamPreTrainedModel):

@@ -8,8 +8,9 @@ Hub model (a Qwen2.5 decoder turned into a block diffusion model):
 * ``forward(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, labels, use_cache,
   cache_position, logits_to_keep, update_past_key_values, block_size=32, use_block_cache,
   block_past_key_values, replace_position, mask_id, **kwargs)`` returning
-  ``CausalLMOutputWithPastAndBlockCache`` (a ``CausalLMOutputWithPast`` with ``block_past_key_values``;
-  ``hidden_states`` is always ``None``);
+  ``CausalLMOutputWithPastAndBlockCache`` (a ``CausalLMOutputWithPast`` with ``block_past_key_values``);
+  its ``hidden_states`` is always the final normalised hidden state as ONE tensor ``[B, L, H]`` (not a
+  per-layer tuple, whatever ``output_hidden_states`` says), as the Hub forward returns it;
 * at inference the model *ignores* ``attention_mask`` and builds its own block-causal mask: query at
   absolute index ``cache_len + i`` may see key ``j`` iff ``(cache_len + i) // block_size >= j // block_size``
   (``block_size`` is the forward kwarg, default 32, not ``config.bd_size``), so blocks are aligned on
@@ -331,11 +332,13 @@ class Fast_dLLM_QwenForCausalLM(Fast_dLLM_QwenPreTrainedModel):
             block_past_key_values=block_past_key_values,
             replace_position=replace_position,
         )
+        hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(outputs.last_hidden_state[:, keep, :])
+        logits = self.lm_head(hidden_states[:, keep, :])
         out = CausalLMOutputWithPastAndBlockCache(
             logits=logits,
             past_key_values=outputs.past_key_values,
+            hidden_states=hidden_states,  # the Hub returns the last hidden state here, as a tensor
             block_past_key_values=outputs.block_past_key_values,
         )
         return out.to_tuple() if kwargs.get("return_dict") is False else out

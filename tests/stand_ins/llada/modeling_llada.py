@@ -4,12 +4,15 @@ Written from scratch for the mrp-hf tests; only the public interface follows the
 Hub model: class names, the ``model.transformer.{wte, blocks, ln_f, ff_out}``
 module paths, the forward signature, a ``CausalLMOutputWithPast`` output whose
 ``hidden_states`` holds every block input plus the final post-``ln_f`` state, fully
-bidirectional attention with positions ``0..L-1``, and no KV cache (the Hub code
-asserts ``past_key_values is None and not use_cache``).
+bidirectional attention with positions ``0..L-1`` (no ``position_ids`` argument: a
+left pad takes a position like any token), and no KV cache (the Hub code asserts
+``past_key_values is None and not use_cache``).
 
-One deliberate difference: the Hub file (as of mid-2025) computes an attention
-bias from ``attention_mask`` / ``attention_bias`` and then calls SDPA with
-``attn_mask=None``, so padding is ignored there.  This stand-in honours both.
+Padding is NOT masked, as in the real file: its forward turns ``attention_mask`` /
+``attention_bias`` into an attention bias and then calls SDPA with ``attn_mask=None``
+(Fast-dLLM's copy of ``modeling_llada.py``, ``LLaDALlamaBlock.attention``; LLaDA issue
+#90), so the pads of a left-padded row are attended to and change its logits.  The
+stand-in accepts both arguments and ignores them.
 """
 
 import torch
@@ -110,20 +113,9 @@ class LLaDAModel(nn.Module):
             raise AssertionError("The kvcache is not supported for MDM (LLaDA stand-in, as in the Hub code).")
         x = self.transformer.wte(input_ids) if input_embeddings is None else input_embeddings
         b, length = x.shape[:2]
-
-        # Additive float mask: attention_bias (bool = allowed, or float bias) plus key padding.
+        # attention_mask and attention_bias are accepted and ignored: the Hub attention calls SDPA with
+        # attn_mask=None, so every key (pads included) is visible to every query.
         mask = None
-        if attention_bias is not None:
-            if attention_bias.dtype == torch.bool:
-                mask = torch.zeros(attention_bias.shape, dtype=x.dtype, device=x.device)
-                mask = mask.masked_fill(~attention_bias, torch.finfo(x.dtype).min)
-            else:
-                mask = attention_bias.to(x.dtype)
-            mask = mask[..., :length, :length]
-        if attention_mask is not None and (attention_mask == 0).any():
-            pad = (attention_mask == 0)[:, None, None, :]
-            base = mask if mask is not None else torch.zeros(1, 1, length, length, dtype=x.dtype, device=x.device)
-            mask = base.masked_fill(pad, torch.finfo(x.dtype).min)
 
         positions = torch.arange(length, device=x.device)[None].expand(b, -1)
         cos, sin = _rope(positions, self.config.d_model // self.config.n_heads, self.config.rope_theta, x.dtype)

@@ -9,9 +9,13 @@ Hub model (a Ling/Bailing MoE decoder trained as a block diffusion LM):
 * ``forward(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, labels, use_cache,
   output_attentions, output_hidden_states, output_router_logits, return_dict, **kwargs)`` returning
   ``MoeCausalLMOutputWithPast`` with float32 logits (not shifted);
-* masks follow the Hub's ``_prepare_4d_causal_attention_mask_for_sdpa`` use: a 4-D mask
-  ``[B, 1, q, kv]`` (additive 0/-inf, as the Hub ``generate`` builds it from block indices; bool also
-  accepted here) is used as is, while a 2-D padding mask or ``None`` gives *causal* attention;
+* masks follow the real file on transformers 4.x (``LLaDA2MoeModel.forward`` +
+  ``_prepare_4d_causal_attention_mask_for_sdpa``, attention ``is_causal = False``): a 4-D mask
+  ``[B, 1, q, kv]`` (additive 0/-inf, as the Hub ``generate`` builds it from block indices counted from
+  token 0; bool becomes additive) is used as is. A 2-D mask holding a 0 gives *causal* attention plus key
+  padding (additive ``finfo.min``). ``None`` or an all-ones 2-D mask gives NO mask when nothing is cached
+  (or one query): transformers then leaves causality to SDPA's ``is_causal``, which this attention sets to
+  False, so every position sees every other one; with a cache and several queries it is causal again;
 * positions come from ``position_ids`` (``generate`` passes ``arange``), else past length + arange;
 * KV cache: the plain append-always kind.  With ``use_cache=True`` (a ``DynamicCache`` is created if
   needed) every forward appends its keys/values and the cache is returned; there is no "read only"
@@ -182,14 +186,22 @@ class LLaDA2MoePreTrainedModel(PreTrainedModel):
             module.weight.data.fill_(1.0)
 
 
-def _causal_mask(attention_mask, q_len, past_len, batch, device):
-    """Bool [B, 1, q, past+q] mask: causal, plus key padding from a 2-D mask."""
+def _mask_from_padding(attention_mask, q_len, past_len, batch, dtype, device):
+    """What ``_prepare_4d_causal_attention_mask_for_sdpa`` (transformers 4.x) gives for a 2-D mask or None.
+
+    None / all ones with no cached key or a single query: None (the causal mask is "ignorable" and left to
+    SDPA's is_causal, which this model's attention never sets: full attention). Otherwise an additive
+    [B, 1, q, past+q] mask: causal, plus key padding, with finfo.min for hidden keys.
+    """
     kv_len = past_len + q_len
+    unpadded = attention_mask is None or bool((attention_mask == 1).all())
+    if unpadded and (q_len == 1 or kv_len == q_len):
+        return None
     allowed = torch.arange(kv_len, device=device)[None, :] <= (past_len + torch.arange(q_len, device=device))[:, None]
     allowed = allowed[None, None].expand(batch, 1, q_len, kv_len)
-    if attention_mask is not None:
+    if not unpadded:
         allowed = allowed & attention_mask[:, None, None, -kv_len:].bool()
-    return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
@@ -231,15 +243,19 @@ class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
         batch, q_len = inputs_embeds.shape[:2]
-        past_len = 0
-        if use_cache:
-            if past_key_values is None:
-                past_key_values = DynamicCache()
-            past_len = past_key_values.get_seq_length()
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        # as the Hub code: a given cache is read and appended to whether or not use_cache is set
+        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past_len, past_len + q_len, device=inputs_embeds.device)[None]
         if attention_mask is None or attention_mask.dim() != 4:
-            attention_mask = _causal_mask(attention_mask, q_len, past_len, batch, inputs_embeds.device)
+            attention_mask = _mask_from_padding(
+                attention_mask, q_len, past_len, batch, inputs_embeds.dtype, inputs_embeds.device
+            )
+        elif attention_mask.dtype == torch.bool:  # the Hub converts a 4-D bool mask to additive finfo.min
+            additive = torch.zeros(attention_mask.shape, dtype=inputs_embeds.dtype, device=inputs_embeds.device)
+            attention_mask = additive.masked_fill(~attention_mask, torch.finfo(inputs_embeds.dtype).min)
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)

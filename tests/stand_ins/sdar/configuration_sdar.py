@@ -1,9 +1,11 @@
 """Tiny stand-in for the SDAR configuration (JetLM/SDAR-1.7B-Chat, -4B-Chat, -8B-Chat, -*-bN).
 
 Written for the mrp-hf tests.  The Hub class is the Qwen3 config renamed to
-``model_type = "sdar"``; it stores neither the mask token id (tokenizer:
-``<|MASK|>``) nor the block length (a decoding argument; the "-bN" repos name the
-block size the checkpoint was trained for).
+``model_type = "sdar"``.  Its ``__init__`` names neither the mask token id nor the
+block size, but SDAR-4B-Chat's and SDAR-8B-Chat's ``config.json`` carry both
+(``"block_size": 4``, ``"mask_token_id": 151669``), so they arrive through ``**kwargs``
+and become attributes; the tokenizer also has the mask token (``<|MASK|>``).  The block
+size is the one its training mask and ``generate.py`` use.
 """
 
 from transformers import PretrainedConfig

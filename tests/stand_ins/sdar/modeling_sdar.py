@@ -9,7 +9,10 @@ Hub model (a Qwen3 decoder with per-head q/k RMSNorm):
   kwarg ``store_kv`` reaches the attention layers; returns ``CausalLMOutputWithPast``;
 * the model does not build any causal or block mask: at inference ``attention_mask`` (the caller's
   block-causal 0/1 mask, ``[B, q, k]`` or ``[B, 1, q, k]``) is cast to bool and given to SDPA as is;
-  an all-true mask means "no mask"; ``None`` is an error (the Hub code fails on it too);
+  an all-true mask means "no mask"; ``None`` is an error (the Hub code fails on it too). SDAR's
+  ``generate.py`` builds it from block indices counted from token 0 (``tril`` over blocks, expanded by the
+  block size), the prompt sitting at positions ``0..P-1``, so the prompt's tail shares its block with the
+  first answer tokens; ``config.block_size`` is that block size;
 * positions come from ``position_ids``, else from ``cache_position`` (cache length + arange);
 * KV cache: with a ``Cache`` in ``past_key_values``, ``store_kv=True`` appends this forward's keys and
   values (and attends to cache + current), ``store_kv=False`` attends to cache + current without
