@@ -65,6 +65,9 @@ class BackboneAdapter:
     threshold_inclusive: ClassVar[bool] = False
     #: a model block's first token is committed from the previous block's last logit before denoising (Fast-dLLM v2)
     autoregressive_block_start: ClassVar[bool] = False
+    #: with the approximate (bidirectional) prefix cache: the forward that refreshes the cache at a block's start
+    #: also commits the block's first position (Fast-dLLM's Dream block decoding)
+    commits_block_start_on_cache_refresh: ClassVar[bool] = False
     #: decoding block when neither `block_length` nor a model block size is given (None: the whole answer)
     default_block_length: ClassVar[int | None] = 32
     #: config fields that bound the positions a model can address

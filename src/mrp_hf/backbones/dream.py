@@ -17,6 +17,7 @@ class DreamAdapter(BackboneAdapter):
     packed_verify = True
     threshold_inclusive = True  # Fast-dLLM's Dream threshold decoding keeps confidence >= threshold
     default_block_length = None  # diffusion_generate decodes the whole answer as one block
+    commits_block_start_on_cache_refresh = True  # Fast-dLLM's cached Dream decoding (generation_utils_block.py)
     preferred_verify_layout = "packed"  # with the approximate cache; without one "auto" stacks (nothing shared)
 
     @property

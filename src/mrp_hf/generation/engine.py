@@ -97,6 +97,7 @@ class DecodingState:
     stats: GenerationStats
     layout: CanvasLayout
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
+    block_forwards: int = 0  # backbone forwards spent on the current block so far
 
 
 @dataclass
@@ -209,6 +210,9 @@ class DecodingEngine:
         self.block_decoder = block_decoder or StepwiseDecoder(self.strategy)
         self.proposer = TokenProposer(config, self.mask_id)
         self.use_cache = self._resolve_cache()
+        self.refresh_commits_block_start = (
+            self.use_cache and not adapter.exact_prefix_cache and adapter.commits_block_start_on_cache_refresh
+        )
         self.input_vocab_size = adapter.get_input_embeddings().weight.shape[0]
         eos = config.eos_token_id
         self.eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
@@ -385,8 +389,11 @@ class DecodingEngine:
         for start, end in layout.blocks:
             if state.active.numel() == 0:
                 break
+            state.block_forwards = 0
             if self.adapter.autoregressive_block_start and start % self.grid == 0:
                 self._autoregressive_block_start(state, start)
+            if self.refresh_commits_block_start:
+                self._refresh_and_commit_block_start(state, start)
             self.block_decoder.decode_block(self, state, start, end)
 
             # 3. EOS stop, streamer
@@ -468,6 +475,18 @@ class DecodingEngine:
         state.canvas[active, start] = torch.where(needs, tokens[:, 0], column)
         state.committed[active] += needs.long()
 
+    def _refresh_and_commit_block_start(self, state: DecodingState, start: int) -> None:
+        """Fast-dLLM's cached Dream decoding: at a block's start, one forward over the whole canvas refreshes the
+        approximate cache (the keys and values before the block, computed with the block still masked) and commits
+        the block's first position from its logits (argmax or keyed draw, no confidence test); the block's steps
+        then feed the block and what follows it against that cache."""
+        active = state.active
+        needs = state.canvas[active, start] == self.mask_id
+        out = self.forward(state, start, start + 1, step=0, has_work=needs)
+        tokens, _ = self.propose(state, out.logits, start, start + 1, needs.unsqueeze(1), state.committed[active])
+        state.canvas[active, start] = torch.where(needs, tokens[:, 0], state.canvas[active, start])
+        state.committed[active] += needs.long()
+
     # ------------------------------------------------------------------ pieces
     def _check_positions(self, layout: CanvasLayout, prompt_len: int) -> None:
         """Before anything is allocated: every row's laid-out prompt + decoding region must fit the model's
@@ -542,11 +561,14 @@ class DecodingEngine:
         if cache is not None and cache_length(cache) == 0:
             # an empty cache may keep a stale batch size (transformers skips row selection on empty layers)
             cache = state.cache = self._new_cache()
-        if cache is not None and not adapter.exact_prefix_cache and step == 0:
-            cache = state.cache = self._new_cache()  # approximate cache: refreshed at each block's first step
+        if cache is not None and not adapter.exact_prefix_cache and state.block_forwards == 0:
+            cache = state.cache = self._new_cache()  # approximate cache: refreshed by each block's first forward
+        state.block_forwards += 1
         in_start = cache_length(cache)
         grid = self.grid or 1
-        keep = max(0, min((start // grid) * grid, start - shift))  # the cache is cropped back to this many positions
+        # the cache is cropped back to this many positions (the block's first position is committed by the refresh
+        # forward when `refresh_commits_block_start`: the output that would score it is not needed)
+        keep = start if self.refresh_commits_block_start else max(0, min((start // grid) * grid, start - shift))
         if copies > 1 and layout == "packed":
             out = self._packed_forward(canvas, canvas_mask, positions, cache, copies, start, end, visible_end,
                                        keep, output_hidden_states)
@@ -601,7 +623,10 @@ class DecodingEngine:
         n, width = canvas.shape[0] // copies, canvas.shape[1]
         in_start = cache_length(cache)
         shared_end = max(in_start, ((start - shift) // grid) * grid) if grid else in_start
-        if shared_end > start - shift:  # a shifted block's first logit must come from its own copy
+        # a shifted block's first scored position must get its logit from its own copy (not needed when the cache
+        # refresh already committed the block's first position)
+        first_scored = start + 1 if self.refresh_commits_block_start else start
+        if shared_end > first_scored - shift:
             raise RuntimeError(f"cannot pack the verify forward: cache {in_start}, block [{start}, {end}), keep {keep}")
         length = visible_end - shared_end  # one copy's segment
         rows = canvas.view(n, copies, width)
