@@ -278,3 +278,48 @@ def test_dream_fast_dllm_file_decodes_like_the_hub_file_without_a_cache(backbone
     fast = MRPModel.from_backbone(backbones["dream_fast_dllm"], mask_token_id=MASK)
     for prompt in prompts().values():
         assert library(fast, [prompt], **kwargs) == library(hub, [prompt], **kwargs), len(prompt)
+
+
+# ------------------------------------------------------------------------------------------------ the options
+def test_llada_rows_are_grouped_by_length_unless_asked_not_to(backbones):
+    """LLaDA's attention ignores the padding mask: by default rows of equal prompt length are decoded together
+    (each row equals its answer alone); group_by_prompt_length=False spends one forward per step on the padded
+    batch instead, and its padded rows then see their pads (as LLaDA's own batched decoding)."""
+    model = MRPModel.from_backbone(backbones["llada"], mask_token_id=MASK)
+    batch = [prompts()[length] for length in (3, 5, 5, 9)]
+    alone = [library(model, [prompt], block_length=BLOCK)[0] for prompt in batch]
+    grouped, grouped_stats = _batch_with_stats(model, batch)
+    padded, padded_stats = _batch_with_stats(model, batch, group_by_prompt_length=False)
+    assert grouped == alone
+    assert padded_stats.backbone_forwards < grouped_stats.backbone_forwards
+    assert padded[3] == alone[3]  # the longest prompt has no pads
+    assert padded != alone
+
+
+def _batch_with_stats(model, prompt_list, **kwargs):
+    width = max(map(len, prompt_list))
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompt_list])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_list])
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, block_length=BLOCK, return_dict_in_generate=True,
+                         **kwargs)
+    return out.sequences[:, width:].tolist(), out.stats
+
+
+def test_answer_alignment_starts_the_answer_on_a_fresh_block(backbones):
+    """block_alignment="answer" (the layout before the family's own): a prompt of any length decodes exactly as if
+    it were left-padded to a block multiple; the family's default shares the prompt's tail block instead."""
+    model = MRPModel.from_backbone(backbones["sdar"], mask_token_id=MASK)
+    prompt = prompts()[BLOCK + 1]
+    aligned = library(model, [prompt], block_length=BLOCK, block_alignment="answer")[0]
+    width = 2 * BLOCK
+    ids = torch.tensor([[PAD] * (width - len(prompt)) + prompt])
+    mask = torch.tensor([[0] * (width - len(prompt)) + [1] * len(prompt)])
+    padded = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, block_length=BLOCK, block_alignment="answer")
+    assert aligned == padded[0, width:].tolist()
+    whole = prompts()[2 * BLOCK]  # a prompt of whole blocks: both layouts are the same
+    assert library(model, [whole], block_length=BLOCK, block_alignment="answer") == library(model, [whole], block_length=BLOCK)
+    own = library(model, [prompt], block_length=BLOCK)[0]
+    assert own == sdar_generate(backbones["sdar"], prompt, mask_id=MASK, max_new_tokens=NEW, block_length=BLOCK)
+    with pytest.raises(ValueError, match="block_alignment='sequence'.*bidirectional"):
+        MRPModel.from_backbone(backbones["llada"], mask_token_id=MASK).generate(
+            torch.tensor([prompt]), max_new_tokens=NEW, block_length=BLOCK, block_alignment="sequence")
