@@ -59,22 +59,20 @@ class VerifyTimer(BlockDecoder):
         self.copies, self.repeats = copies, repeats
         self.seconds = {"stacked": [], "packed": []}
 
-    def decode_block(self, engine, state, start, end):
-        seed = engine.forward(state, start, end, step=0, output_hidden_states=True)
-        n, copies = state.active.numel(), self.copies
-        generator = torch.Generator().manual_seed(start)
-        candidates = state.canvas[state.active].repeat_interleave(copies, dim=0)
-        block = candidates[:, start:end]
-        reveal = (torch.rand(block.shape, generator=generator) < torch.arange(copies).repeat(n)[:, None] / copies)
-        candidates[:, start:end] = torch.where(reveal & (block == engine.mask_id), 3, block)
+    def decode_block(self, block):
+        seed = block.forward(hidden=True)
+        copies = self.copies
+        generator = torch.Generator().manual_seed(block.start)
+        candidates = block.ids().unsqueeze(1).repeat(1, copies, 1)
+        reveal = torch.rand(candidates.shape, generator=generator) < torch.arange(copies)[None, :, None] / copies
+        candidates = torch.where(reveal & (candidates == block.mask_id), 3, candidates)
         for _ in range(self.repeats):
             for layout in ("stacked", "packed"):
                 t0 = clock()
-                engine.forward(state, start, end, 1, output_hidden_states=True, canvas=candidates, copies=copies,
-                               layout=layout)
+                block.forward(hidden=True, candidates=candidates, layout=layout)
                 self.seconds[layout].append(clock() - t0)
-        masked = state.canvas[state.active, start:end] == engine.mask_id
-        state.canvas[state.active, start:end] = torch.where(masked, seed.logits.argmax(-1), state.canvas[state.active, start:end])
+        masked = block.masked()
+        block.commit(torch.where(masked, seed.logits.argmax(-1), block.ids()), masked.sum(dim=1))
 
 
 def reference_model(batch: int):

@@ -184,36 +184,37 @@ def _cache_tensors(cache):
 
 class _CompareVerifyLayouts(BlockDecoder):
     """Per block: a seed forward, then the same verify forward (candidate states made of random reveals) in
-    both layouts, from the same cache; records the two outputs and the caches after; then fills the block."""
+    both layouts, from the same cache; records the two outputs and the caches after; then fills the block.
+    (A test of the engine's internals: it reads the state behind the block's interface.)"""
 
     def __init__(self, copies):
         self.copies = copies
         self.records = []
 
-    def decode_block(self, engine, state, start, end):
-        seed = engine.forward(state, start, end, step=0, output_hidden_states=True)
-        n, copies = state.active.numel(), self.copies
-        generator = torch.Generator().manual_seed(start)
-        candidates = state.canvas[state.active].repeat_interleave(copies, dim=0)
-        block = candidates[:, start:end]
-        share = torch.arange(copies).repeat(n)[:, None] / copies  # copy j reveals about j/copies of the block
-        reveal = (torch.rand(block.shape, generator=generator) < share) & (block == engine.mask_id)
-        candidates[:, start:end] = torch.where(reveal, torch.randint(3, 120, block.shape, generator=generator), block)
+    def decode_block(self, block):
+        state = block._state
+        seed = block.forward(hidden=True)
+        copies = self.copies
+        generator = torch.Generator().manual_seed(block.start)
+        candidates = block.ids().unsqueeze(1).repeat(1, copies, 1)
+        share = torch.arange(copies)[None, :, None] / copies  # copy j reveals about j/copies of the block
+        reveal = (torch.rand(candidates.shape, generator=generator) < share) & (candidates == block.mask_id)
+        candidates = torch.where(reveal, torch.randint(3, 120, candidates.shape, generator=generator), candidates)
         before = _cache_tensors(state.cache)
         record = {}
         for layout in ("stacked", "packed"):
             if state.cache is not None:  # both layouts start from the same cache
                 for mine, saved in zip(_cache_tensors(state.cache), before, strict=True):
                     assert torch.equal(mine, saved)
-            forwards = (state.stats.backbone_forwards, list(state.stats.row_backbone_forwards))
-            out = engine.forward(state, start, end, 1, output_hidden_states=True, canvas=candidates, copies=copies,
-                                 layout=layout)
-            counted = (state.stats.backbone_forwards - forwards[0],
-                       [b - a for a, b in zip(forwards[1], state.stats.row_backbone_forwards, strict=True)])
-            record[layout] = (out, _cache_tensors(state.cache), counted)
+            counters = state.counters
+            forwards = (counters.backbone_forwards, counters.row_backbone_forwards.clone())
+            out = block.forward(hidden=True, candidates=candidates, layout=layout)
+            counted = (counters.backbone_forwards - forwards[0], (counters.row_backbone_forwards - forwards[1]).tolist())
+            flat = type(out)(logits=out.logits.flatten(0, 1), hidden_states=out.hidden_states.flatten(0, 1))
+            record[layout] = (flat, _cache_tensors(state.cache), counted)
         self.records.append(record)
-        masked = state.canvas[state.active, start:end] == engine.mask_id
-        state.canvas[state.active, start:end] = torch.where(masked, seed.logits.argmax(-1), state.canvas[state.active, start:end])
+        masked = block.masked()
+        block.commit(torch.where(masked, seed.logits.argmax(-1), block.ids()), masked.sum(dim=1))
 
 
 @pytest.mark.parametrize(("family", "prefix_cache"), PACKING)

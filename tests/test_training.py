@@ -411,7 +411,7 @@ def test_training_rows_use_the_decoding_layout(models, family):
         response = batch["response_mask"][0].nonzero().squeeze(1)
         trained_blocks = (batch["reveal_groups"][0, response] - batch["reveal_groups"][0, response[0]]).tolist()
         layout = plan_layout([prompt_length], 6, grid, grid, alignment, left_aligned=not adapter.supports_padding)
-        start = int(layout.answer_start[0])
+        start = layout.answer_start[0]
         decoded_blocks = [(start + j) // grid - start // grid for j in range(6)]
         assert trained_blocks == decoded_blocks, (prompt_length, trained_blocks, decoded_blocks)
         # the same positions relative to the block grid: the first response token's offset inside its block

@@ -17,7 +17,6 @@ from .generation.engine import DecodingEngine, MRPGenerateOutput
 
 logger = logging.get_logger(__name__)
 
-_HEAD_MODES = ("speculative", "remask", "direct")
 # where to find files: passed to the head's, the backbone's and the PEFT adapter's loading alike
 _HUB_KWARGS = ("cache_dir", "local_files_only", "token", "force_download", "proxies")
 # generate()'s keyword arguments: our fields and the token ids; other GenerationConfig fields would be ignored
@@ -306,37 +305,6 @@ class MRPModel(nn.Module):
         return getattr(self.backbone, "generation_config", None)
 
     # ------------------------------------------------------------------ generate
-    def _block_decoder(self, config: MRPGenerationConfig):
-        """The block decoder for `mrp_mode` (None: the backbone's own stepwise decoding)."""
-        if config.mrp_mode == "off":
-            return None
-        if self.head is None:
-            raise ValueError(
-                f"mrp_mode={config.mrp_mode!r} needs an MRP head, and this model has none; load one with "
-                f"MRPModel.from_pretrained(head_repo_or_path) or use mrp_mode='off'."
-            )
-        _check_head_block_length(config, self.head)
-        if config.mrp_mode == "speculative":
-            if config.threshold is not None or config.steps is not None or config.tokens_per_step != 1:
-                raise ValueError(
-                    "mrp_mode='speculative' is lossless against static decoding with one token per step: "
-                    "drop threshold, steps and tokens_per_step (got "
-                    f"threshold={config.threshold}, steps={config.steps}, tokens_per_step={config.tokens_per_step})."
-                )
-            from .generation.strategies import SpeculativeDecoder
-
-            return SpeculativeDecoder(self.head, config.mrp_draft_tokens)
-        if config.mrp_mode == "remask":
-            from .generation.strategies import RemaskDecoder
-
-            return RemaskDecoder(self.head, config.threshold, rule=config.remask_rule, delta=config.remask_delta)
-        from .generation.strategies import DirectDecoder
-
-        if config.threshold is not None:
-            raise ValueError("mrp_mode='direct' works in the static regime: drop threshold.")
-        return DirectDecoder(self.head, config.mrp_draft_tokens)
-
-
     @torch.no_grad()
     def generate(
         self,
@@ -352,8 +320,8 @@ class MRPModel(nn.Module):
         Steps:
             1. Build the `MRPGenerationConfig`: the backbone's generation config (its token ids; all of it
                if it is an `MRPGenerationConfig`), then `generation_config`, then keyword arguments; validate.
-            2. Choose the strategy for `mrp_mode` (`"off"`: static, or dynamic when `threshold` is set);
-               modes that need a head refuse to run without one.
+            2. Build the block decoder of `mrp_mode` from the mode registry (`generation/modes.py`; `"off"`:
+               static, or dynamic when `threshold` is set); modes that need a head refuse to run without one.
             3. Run the block loop (`DecodingEngine.run`): canvas and positions; per block, backbone
                forward, proposals, reveals; per-row EOS stop; streamer.
             4. Return `sequences` ([batch, prompt_len + max_new_tokens]), or with
@@ -385,10 +353,9 @@ class MRPModel(nn.Module):
             config = build_generation_config(config, **_explicit_fields(generation_config))
         if kwargs:
             config = build_generation_config(config, **kwargs)
-        # 2. strategy
-        block_decoder = self._block_decoder(config)
-        # 3. block loop (the engine validates the prompt and moves it to the model's device)
-        output = DecodingEngine(self.adapter, config, block_decoder=block_decoder).run(
+        # 2. the mode's block decoder (generation/modes.py) and 3. the block loop (the engine validates the prompt
+        # and moves it to the model's device)
+        output = DecodingEngine(self.adapter, config, head=self.head).run(
             input_ids, attention_mask, streamer=streamer
         )
         # 4. output
@@ -497,15 +464,6 @@ def _check_head_weights(cls: type[MRPHead], name_or_path: str, kwargs: dict[str,
             f"The weights of the MRP head at {name_or_path!r} do not match its config.json: {'; '.join(parts)}. "
             f"Refusing to load (missing tensors would be initialised at random); re-save the head with "
             f"MRPHead.save_pretrained."
-        )
-
-
-def _check_head_block_length(config: MRPGenerationConfig, head: MRPHead) -> None:
-    trained = head.config.block_length
-    if trained is not None and config.block_length is not None and config.block_length != trained:
-        raise ValueError(
-            f"This MRP head was trained with block_length={trained}, but generate() got block_length="
-            f"{config.block_length}; decode with block_length={trained} or train a head for {config.block_length}."
         )
 
 

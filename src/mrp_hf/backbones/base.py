@@ -154,6 +154,11 @@ class BackboneAdapter:
         # some families (SDAR) take the block size at decoding time: the engine uses block_length
         return None
 
+    def first_scoring_position(self, position: int) -> int:
+        """The input position whose output scores `position`: itself, or the one before for families with shifted
+        logits (the logit at i-1 predicts token i)."""
+        return position - 1 if self.shifted_logits else position
+
     @property
     def attention_pattern(self) -> str:
         return "block_causal" if self.block_causal else "bidirectional"

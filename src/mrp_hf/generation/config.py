@@ -7,7 +7,8 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-MRP_MODES = ("off", "speculative", "remask", "direct")
+from .modes import check_mode_arguments
+
 CONFIDENCE_RULES = ("top_prob", "margin", "neg_entropy", "random")
 REMASK_RULES = ("confidence", "residual")
 VERIFY_LAYOUTS = ("auto", "stacked", "packed")
@@ -64,7 +65,8 @@ class MRPGenerationConfig(GenerationConfig):
             bidirectional ones; `True` also enables the Fast-dLLM-style approximate cache for
             bidirectional families (refreshed at each block; output may differ from no cache);
             `False` disables caching.
-        mrp_mode: `"off"`, `"speculative"`, `"remask"` or `"direct"` (the last three need an MRP head).
+        mrp_mode: one of `generation.modes.MODE_NAMES`: `"off"`, `"speculative"`, `"remask"` or `"direct"` (the
+            last three need an MRP head).
         mrp_draft_tokens: drafts per round for the speculative and direct modes.
         verify_layout: how the speculative verify forward holds the K+1 candidate states of a row: `"stacked"`
             in the batch dimension, `"packed"` in one sequence with block-diagonal attention over the shared
@@ -107,8 +109,6 @@ class MRPGenerationConfig(GenerationConfig):
         """Check every decoding field; raise `ValueError` naming the bad value and the fix."""
         if not hasattr(self, "mrp_mode"):  # called from GenerationConfig.__init__ before our fields are set
             return
-        if self.mrp_mode not in MRP_MODES:
-            raise ValueError(f"Unknown mrp_mode {self.mrp_mode!r}; choose one of {list(MRP_MODES)}.")
         if self.confidence not in CONFIDENCE_RULES:
             raise ValueError(f"Unknown confidence {self.confidence!r}; choose one of {list(CONFIDENCE_RULES)}.")
         if self.verify_layout not in VERIFY_LAYOUTS:
@@ -156,8 +156,6 @@ class MRPGenerationConfig(GenerationConfig):
             raise TypeError(f"seed={self.seed!r} must be an int (it keys the random draws), e.g. seed=0.")
         for name in ("eos_token_id", "pad_token_id"):
             _token_ids(name, getattr(self, name, None))
-        if self.mrp_mode == "remask" and self.threshold is None:
-            raise ValueError("mrp_mode='remask' works in the dynamic regime: pass a threshold (e.g. threshold=0.5).")
         if self.step_schedule not in STEP_SCHEDULES:
             raise ValueError(f"Unknown step_schedule {self.step_schedule!r}; choose one of {list(STEP_SCHEDULES)}.")
         if self.block_alignment not in (None, "sequence", "answer"):
@@ -173,6 +171,7 @@ class MRPGenerationConfig(GenerationConfig):
                     f"{name}={value!r} is not supported by masked-diffusion decoding (one answer per prompt, no "
                     f"beams); remove it, or repeat the prompt in the batch with temperature > 0 for several answers."
                 )
+        check_mode_arguments(self)  # the mode exists and its regime fits (generation/modes.py)
 
     @property
     def is_sampling(self) -> bool:

@@ -21,6 +21,16 @@ class NonFiniteGuard:
         bad = ~(logits.amax() < float("inf"))  # amax propagates NaN, and NaN < inf is False
         self._flags[part] = bad if part not in self._flags else self._flags[part] | bad
 
+    def flag(self) -> torch.Tensor | None:
+        """A device bool: whether any watched part produced NaN/+inf (None when nothing was watched)."""
+        flags = list(self._flags.values())
+        if not flags:
+            return None
+        combined = flags[0]
+        for flag in flags[1:]:
+            combined = combined | flag
+        return combined
+
     def check(self) -> None:
         for part, bad in self._flags.items():
             if bool(bad):

@@ -28,16 +28,16 @@ ALIGNMENTS = ("sequence", "answer")
 
 @dataclass(frozen=True)
 class CanvasLayout:
-    """Per row (tensors [batch]): `pads` canvas columns before the first prompt token; `answer_start` the first
-    answer column; `answer_end` = answer_start + max_new_tokens (what is returned); `decode_end` the end of the
-    row's last decoding block (>= answer_end). `length` is the canvas width; the decoding blocks are
+    """Per row (host lists of ints, [batch]): `pads` canvas columns before the first prompt token; `answer_start`
+    the first answer column; `answer_end` = answer_start + max_new_tokens (what is returned); `decode_end` the end
+    of the row's last decoding block (>= answer_end). `length` is the canvas width; the decoding blocks are
     [first_block + j * block_length, ...) up to `length` (`blocks`); `grid` is the attention block (None:
-    bidirectional)."""
+    bidirectional). Kept on the host: reading the plan never waits for the device (`tensor` gives device copies)."""
 
-    pads: torch.Tensor
-    answer_start: torch.Tensor
-    answer_end: torch.Tensor
-    decode_end: torch.Tensor
+    pads: list[int]
+    answer_start: list[int]
+    answer_end: list[int]
+    decode_end: list[int]
     length: int
     first_block: int
     block_length: int
@@ -49,23 +49,27 @@ class CanvasLayout:
         """The decoding blocks [start, end) in canvas columns, in decoding order (a generator)."""
         return ((start, start + self.block_length) for start in range(self.first_block, self.length, self.block_length))
 
-    def _shift(self) -> torch.Tensor:
+    def tensor(self, name: str, device: torch.device | str = "cpu") -> torch.Tensor:
+        """One of the per-row lists as a LongTensor on `device`."""
+        return torch.tensor(getattr(self, name), dtype=torch.long, device=device)
+
+    def _shift(self) -> list[int]:
         if self.alignment == "answer" and self.grid:
-            return (self.pads // self.grid) * self.grid
+            return [(pads // self.grid) * self.grid for pads in self.pads]
         return self.pads
 
     def last_position(self) -> int:
         """The largest position id any row reaches (computed without building the position tensor)."""
-        return int((self.decode_end - 1 - self._shift()).max())
+        return max(end - 1 - shift for end, shift in zip(self.decode_end, self._shift(), strict=True))
 
     def positions(self, device: torch.device) -> torch.Tensor:
         """Position ids [batch, length]: each row counts from 0 at its first prompt token (pads clamp to 0).
 
         Under the "answer" alignment of a block-causal model the shift is a whole number of blocks, so that the
         model's grid stays on the canvas grid (the pads inside the first block keep positions)."""
-        shift = self._shift()
+        shift = torch.tensor(self._shift(), dtype=torch.long, device=device)
         columns = torch.arange(self.length, device=device).unsqueeze(0)
-        return (columns - shift.to(device).unsqueeze(1)).clamp_min(0)
+        return (columns - shift.unsqueeze(1)).clamp_min(0)
 
 
 def plan_layout(
@@ -79,29 +83,28 @@ def plan_layout(
     """
     if alignment not in ALIGNMENTS:
         raise ValueError(f"block_alignment={alignment!r} must be one of {list(ALIGNMENTS)}.")
-    lengths = torch.tensor(prompt_lengths, dtype=torch.long)
-    new = max_new_tokens
+    lengths, new = [int(n) for n in prompt_lengths], max_new_tokens
     if alignment == "sequence":
         if grid is None:
             raise ValueError(
                 "block_alignment='sequence' counts blocks of a block-causal attention from each row's first token; "
                 "this backbone is bidirectional (its blocks always start at the answer): use 'answer'."
             )
-        prompt_blocks = lengths // grid
-        pads = torch.zeros_like(lengths) if left_aligned else (prompt_blocks.max() - prompt_blocks) * grid
-        answer_start = pads + lengths
-        decode_end = pads + -(-(lengths + new) // grid) * grid
-        first = int(answer_start.min()) // grid * grid
-        length = int(decode_end.max())
+        most = max(n // grid for n in lengths)
+        pads = [0 if left_aligned else (most - n // grid) * grid for n in lengths]
+        answer_start = [p + n for p, n in zip(pads, lengths, strict=True)]
+        decode_end = [p + -(-(n + new) // grid) * grid for p, n in zip(pads, lengths, strict=True)]
+        first = min(answer_start) // grid * grid
+        length = max(decode_end)
     else:
         align = grid or 1
-        width = -(-int(lengths.max()) // align) * align
-        pads = width - lengths
-        answer_start = torch.full_like(lengths, width)
-        decode_end = answer_start + new
+        width = -(-max(lengths) // align) * align
+        pads = [width - n for n in lengths]
+        answer_start = [width] * len(lengths)
+        decode_end = [width + new] * len(lengths)
         length = width + new
         first = width
     return CanvasLayout(
-        pads=pads, answer_start=answer_start, answer_end=answer_start + new, decode_end=decode_end, length=length,
-        first_block=first, block_length=block_length, grid=grid, alignment=alignment,
+        pads=pads, answer_start=answer_start, answer_end=[a + new for a in answer_start], decode_end=decode_end,
+        length=length, first_block=first, block_length=block_length, grid=grid, alignment=alignment,
     )

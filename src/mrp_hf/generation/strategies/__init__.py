@@ -1,4 +1,4 @@
-from .base import BlockDecoder, RevealStrategy, StepwiseDecoder, top_k_positions
+from .base import BlockDecoder, RevealStrategy, StepwiseDecoder, confidence_ranks, top_k_positions
 from .direct import DirectDecoder
 from .dynamic import DynamicStrategy
 from .remask import RemaskDecoder
@@ -6,8 +6,15 @@ from .speculative import SpeculativeDecoder
 from .static import StaticStrategy, reveal_schedule
 
 __all__ = [
-    "DirectDecoder",
-    "RemaskDecoder",
-    "SpeculativeDecoder",
     "BlockDecoder",
-    "StepwiseDecoder","DynamicStrategy", "RevealStrategy", "StaticStrategy", "reveal_schedule", "top_k_positions"]
+    "DirectDecoder",
+    "DynamicStrategy",
+    "RemaskDecoder",
+    "RevealStrategy",
+    "SpeculativeDecoder",
+    "StaticStrategy",
+    "StepwiseDecoder",
+    "confidence_ranks",
+    "reveal_schedule",
+    "top_k_positions",
+]

@@ -1,8 +1,14 @@
-"""What a reveal strategy is: given per-position confidences, decide which masked positions to commit."""
+"""Reveal strategies (which masked positions a step reveals) and block decoders (how a block gets filled).
+
+A `RevealStrategy` sees only confidences; a `BlockDecoder` fills one block through a `BlockContext`
+(`generation/block.py`), the narrow interface to the backbone, the keyed proposals and the stats.
+"""
 
 from __future__ import annotations
 
 import torch
+
+from ..block import BlockContext
 
 
 class RevealStrategy:
@@ -31,70 +37,62 @@ def top_k_positions(confidence: torch.Tensor, masked: torch.Tensor, k: torch.Ten
     """The k most confident masked positions per row; ties go to the leftmost position (stable sort)."""
     if isinstance(k, int) and k == 1:  # argmax returns the first maximum, as the stable sort would
         return torch.zeros_like(masked).scatter_(-1, confidence.argmax(dim=-1, keepdim=True), True) & masked
-    k = torch.as_tensor(k, device=confidence.device).reshape(-1, 1) if not isinstance(k, int) else k
+    k = torch.as_tensor(k, device=confidence.device).unsqueeze(-1) if not isinstance(k, int) else k
     return (confidence_ranks(confidence) < k) & masked
 
 
 class BlockDecoder:
-    """Fills one block of every active row, using the engine's counted `forward` and `propose`.
+    """Fills one block of every active row through a `BlockContext`; the plain decoder below alternates one
+    backbone forward and one reveal decision, the MRP modes replace it."""
 
-    The plain decoder below alternates one backbone forward and one reveal decision; MRP modes replace it.
-    """
-
-    def decode_block(self, engine, state, start: int, end: int) -> None:
+    def decode_block(self, block: BlockContext) -> None:
         raise NotImplementedError
 
     @staticmethod
-    def forward_steps(engine, state, start: int, end: int):
+    def forward_steps(block: BlockContext):
         """While a row still has masked positions in the block: one backbone forward (with the lm_head's input)
         per step. Yields (step, block ids [n, L], masked [n, L], BackboneOutput); the caller commits."""
         step = 0
         while True:
-            block = state.canvas[state.active, start:end]
-            masked = block == engine.mask_id
-            if not masked.any():
+            ids = block.ids()
+            masked = ids == block.mask_id
+            if not bool(masked.any()):
                 return
-            yield step, block, masked, engine.forward(state, start, end, step, output_hidden_states=True)
+            yield step, ids, masked, block.forward(hidden=True)
             step += 1
 
 
-def stalled_rows_error(state, stalled: torch.Tensor, confidence: torch.Tensor) -> RuntimeError:
-    state.guard.check()  # non-finite logits are the usual cause: name the model part that produced them
-    return RuntimeError(
-        f"decoding stalled: no position revealed for rows {state.active[stalled].tolist()} "
-        f"(confidences {confidence[stalled].tolist()}); the backbone's logits may contain NaN."
-    )
-
-
 class StepwiseDecoder(BlockDecoder):
-    """The backbone's own decoding: per step, a. one forward, b. proposals, c. the strategy's reveals."""
+    """The backbone's own decoding: per step, a. one forward, b. proposals, c. the strategy's reveals.
+
+    One read of the device per step: whether a row stalled and whether masks remain are read together."""
 
     def __init__(self, strategy: RevealStrategy):
         self.strategy = strategy
 
-    def decode_block(self, engine, state, start: int, end: int) -> None:
+    def decode_block(self, block: BlockContext) -> None:
+        ids = block.ids()
+        masked = ids == block.mask_id
+        if not bool(masked.any()):
+            return
         step = 0
         while True:
-            active = state.active
-            masked = state.canvas[active, start:end] == engine.mask_id
             has_work = masked.any(dim=1)
-            if not has_work.any():
-                return
             # a. backbone forward
-            logits = engine.forward(state, start, end, step, has_work=has_work).logits
+            logits = block.forward(has_work=has_work).logits
             # b. proposals
-            tokens, confidence = engine.propose(state, logits, start, end, masked, state.committed[active])
+            tokens, confidence = block.propose(logits, masked)
             # c. reveal and commit
             reveal = self.strategy.select(confidence, masked, step)
-            if not self.strategy.may_reveal_nothing:
-                stalled = has_work & ~reveal.any(dim=1)
-                if stalled.any():
-                    raise stalled_rows_error(state, stalled, confidence)
-            if active.numel() == state.canvas.shape[0]:  # every row active: write in place, no index gathers
-                window = state.canvas[:, start:end]
-                window.copy_(torch.where(reveal, tokens, window))
-                state.committed += reveal.sum(dim=1)
-            else:
-                state.canvas[active, start:end] = torch.where(reveal, tokens, state.canvas[active, start:end])
-                state.committed[active] += reveal.sum(dim=1)
+            ids = torch.where(reveal, tokens, ids)
+            block.commit(ids, reveal.sum(dim=1))
+            masked = masked & ~reveal
+            stalled = has_work & ~reveal.any(dim=1)
+            if self.strategy.may_reveal_nothing:
+                stalled = torch.zeros_like(stalled)
+            any_stalled, any_left = torch.stack([stalled.any(), masked.any()]).tolist()
+            if any_stalled:
+                block.raise_if_stalled(stalled, confidence)
+            if not any_left:
+                return
             step += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..guard import HEAD_PART
+from ..block import BlockContext
 from .base import BlockDecoder, top_k_positions
 
 
@@ -19,23 +19,21 @@ class DirectDecoder(BlockDecoder):
         self.draft_tokens = draft_tokens
 
     @torch.no_grad()
-    def decode_block(self, engine, state, start: int, end: int) -> None:
-        embed, lm_head = engine.adapter.get_input_embeddings(), engine.adapter.get_output_embeddings()
-        for _step, block, masked, out in self.forward_steps(engine, state, start, end):
-            active = state.active
+    def decode_block(self, block: BlockContext) -> None:
+        positions = block.positions
+        for _step, ids, masked, out in self.forward_steps(block):
             logits, acc = out.logits, out.hidden_states
-            positions = state.positions[active, start:end]
+            committed = block.committed
             for k in range(self.draft_tokens + 1):
                 if k > 0:  # the head's prediction of the logits on the state after the last reveal
-                    acc = acc + self.head(embed(block), acc, position_ids=positions)
-                    logits = lm_head(acc)
-                    state.guard.watch(HEAD_PART, logits)
-                    state.stats.head_forwards += 1
-                tokens, confidence = engine.propose(state, logits, start, end, masked, state.committed[active])
+                    if not bool(masked.any()):
+                        break
+                    acc = acc + self.head(block.embed(ids), acc, position_ids=positions)
+                    logits = block.lm_head(acc)
+                    block.head_forward_done(logits)
+                tokens, confidence = block.propose(logits, masked, committed)
                 pick = top_k_positions(confidence, masked, 1)
-                block = torch.where(pick, tokens, block)
+                ids = torch.where(pick, tokens, ids)
                 masked = masked & ~pick
-                state.committed[active] += pick.sum(dim=1)
-                if not masked.any():
-                    break
-            state.canvas[active, start:end] = block
+                committed = committed + pick.sum(dim=1)
+            block.commit(ids, committed - block.committed)

@@ -1,6 +1,6 @@
 """`mrp_mode="remask"`: dynamic decoding whose over-eager reveals the head revokes.
 
-Per step: one backbone forward; every masked position whose confidence exceeds `threshold` is proposed
+Per step: one backbone forward; every masked position the backbone's own threshold rule reveals is proposed
 (at least the most confident one), as in plain dynamic decoding; one head forward predicts how the logits
 move once proposals are revealed; a proposal whose support collapses is revoked (it stays masked and is
 decided in a later step). The head never commits a token the backbone did not propose.
@@ -22,63 +22,56 @@ from __future__ import annotations
 
 import torch
 
-from ..guard import HEAD_PART
+from ..block import BlockContext
 from .base import BlockDecoder, confidence_ranks
 from .dynamic import DynamicStrategy
 
 
 class RemaskDecoder(BlockDecoder):
-    def __init__(self, head, threshold: float, rule: str = "confidence", delta: float = 1.5):
+    def __init__(self, head, proposer_rule: DynamicStrategy, rule: str = "confidence", delta: float = 1.5):
         self.head = head
-        self.threshold = float(threshold)
+        self.proposer_rule = proposer_rule  # the family's own threshold rule (> or >=)
+        self.threshold = proposer_rule.threshold
         self.rule = rule
         self.delta = float(delta)
-        self.proposer_rule = DynamicStrategy(threshold)
 
     @torch.no_grad()
-    def decode_block(self, engine, state, start: int, end: int) -> None:
-        for step, block, masked, out in self.forward_steps(engine, state, start, end):
-            active = state.active
-            tokens, confidence = engine.propose(state, out.logits, start, end, masked, state.committed[active])
+    def decode_block(self, block: BlockContext) -> None:
+        for step, ids, masked, out in self.forward_steps(block):
+            tokens, confidence = block.propose(out.logits, masked)
             proposed = self.proposer_rule.select(confidence, masked, step)
-            keep = proposed & ~self._revoked(engine, state, start, end, block, out, tokens, confidence, proposed)
-            state.stats.proposals += int(proposed.sum())
-            state.stats.revoked_reveals += int((proposed & ~keep).sum())
-            state.canvas[active, start:end] = torch.where(keep, tokens, block)
-            state.committed[active] += keep.sum(dim=1)
+            revoked = self._revoked(block, ids, out, tokens, confidence, proposed)
+            keep = proposed & ~revoked
+            block.record_remask(proposed, revoked)
+            block.commit(torch.where(keep, tokens, ids), keep.sum(dim=1))
 
-    def _revoked(self, engine, state, start, end, block, out, tokens, confidence, proposed) -> torch.Tensor:
+    def _revoked(self, block: BlockContext, ids, out, tokens, confidence, proposed) -> torch.Tensor:
         """Bool [n, L]: the proposals the head revokes (never a row's top-ranked one)."""
-        n, length = block.shape
-        stages = int(proposed.sum(dim=1).max())
+        n, length = ids.shape
+        stages = int(proposed.sum(dim=1).max())  # the head input's size depends on it: one read per step
         if stages <= 1:
             return torch.zeros_like(proposed)
         # rank of each proposal in its row (0 = most confident); non-proposals rank last
-        rank = confidence_ranks(confidence.masked_fill(~proposed, float("-inf")))
-        rank = rank.masked_fill(~proposed, length)
+        rank = confidence_ranks(confidence.masked_fill(~proposed, float("-inf"))).masked_fill(~proposed, length)
         # stage j (1 .. stages-1) reveals the proposals ranked < j; stacked row-major: [n * (stages-1), L]
-        j = torch.arange(1, stages, device=block.device).view(1, -1, 1)
-        revealed = rank.unsqueeze(1) < j
-        staged_ids = torch.where(revealed, tokens.unsqueeze(1), block.unsqueeze(1)).reshape(-1, length)
+        j = torch.arange(1, stages, device=ids.device).view(1, -1, 1)
+        staged_ids = torch.where(rank.unsqueeze(1) < j, tokens.unsqueeze(1), ids.unsqueeze(1)).reshape(-1, length)
         copies = stages - 1
         hidden = out.hidden_states.repeat_interleave(copies, dim=0)
-        positions = state.positions[state.active, start:end].repeat_interleave(copies, dim=0)
-        embed, lm_head = engine.adapter.get_input_embeddings(), engine.adapter.get_output_embeddings()
-        h_c = self.head(embed(staged_ids), hidden, position_ids=positions)
-        state.stats.head_forwards += 1
+        positions = block.positions.repeat_interleave(copies, dim=0)
+        h_c = self.head(block.embed(staged_ids), hidden, position_ids=positions)
         # each proposal reads the stage of its own rank: gather h_C [n, L, H] from [n, copies, L, H] before the
         # lm_head, so the vocabulary projection runs on one stage per position instead of every stage
         stage_of = (rank - 1).clamp(0, copies - 1)
         h_c = h_c.view(n, copies, length, -1).gather(1, stage_of[:, None, :, None].expand(-1, 1, -1, h_c.shape[-1])).squeeze(1)
         if self.rule == "confidence":
-            corrected = lm_head(out.hidden_states + h_c)
-            state.guard.watch(HEAD_PART, corrected)
-            support = engine.confidence_of(state, corrected, tokens, start, end)
-            collapsed = support < self.threshold
+            corrected = block.lm_head(out.hidden_states + h_c)
+            block.head_forward_done(corrected)
+            collapsed = block.confidence_of(corrected, tokens) < self.threshold
         else:
-            residual = lm_head(h_c).float()  # C = lm_head(h_A + h_C) - lm_head(h_A) for a linear lm_head
-            state.guard.watch(HEAD_PART, residual)
-            if getattr(lm_head, "bias", None) is not None:
-                residual = residual - lm_head.bias.float()
+            residual = block.lm_head(h_c).float()  # C = lm_head(h_A + h_C) - lm_head(h_A) for a linear lm_head
+            block.head_forward_done(residual)
+            if getattr(block.lm_head, "bias", None) is not None:
+                residual = residual - block.lm_head.bias.float()
             collapsed = residual.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).abs() > self.delta
         return proposed & (rank > 0) & collapsed

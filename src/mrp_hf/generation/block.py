@@ -1,0 +1,125 @@
+"""`BlockContext`: everything a block decoder may use to fill one block, and nothing else.
+
+A block decoder (the backbone's own stepwise decoding, or an MRP mode) sees the block [start, end) of the rows
+still decoding through this small interface: the block's current ids and what is masked in it, a counted
+backbone `forward` (optionally over several candidate versions of the block, for verification), `propose` /
+`confidence_of` (tokens and confidences with the keyed random draws), `commit`, the shared embedding and lm_head
+for a head, and counters for the stats. The canvas, the KV cache, the layout and the model stay with the engine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..backbones.base import BackboneOutput
+from .guard import HEAD_PART
+
+if TYPE_CHECKING:
+    from .engine import DecodingEngine
+    from .state import DecodingState
+
+
+class BlockContext:
+    """The block [start, end) of the active rows (n of them, block length L)."""
+
+    def __init__(self, engine: DecodingEngine, state: DecodingState, start: int, end: int):
+        self._engine, self._state = engine, state
+        self.start, self.end = start, end
+        self.mask_id: int = engine.mask_id
+        adapter = engine.adapter
+        #: the backbone's input embedding and lm_head (shared with an MRP head, frozen)
+        self.embed = adapter.get_input_embeddings()
+        self.lm_head = adapter.get_output_embeddings()
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    def ids(self) -> torch.Tensor:
+        """The block's current ids [n, L] (a copy)."""
+        state = self._state
+        if state.every_row_active:
+            return state.canvas[:, self.start : self.end].clone()
+        return state.canvas[state.active, self.start : self.end]
+
+    def masked(self) -> torch.Tensor:
+        """Bool [n, L]: positions of the block still masked."""
+        return self.ids() == self.mask_id
+
+    @property
+    def committed(self) -> torch.Tensor:
+        """Tokens committed so far per row [n] (what the keyed random draws count)."""
+        return self._state.committed[self._state.active]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """The block's position ids [n, L]."""
+        return self._state.positions[self._state.active, self.start : self.end]
+
+    # ------------------------------------------------------------------ the backbone
+    def forward(self, hidden: bool = False, candidates: torch.Tensor | None = None,
+                has_work: torch.Tensor | None = None, layout: str | None = None) -> BackboneOutput:
+        """One counted backbone forward for the block. `candidates` ([n, c, L]) are c versions of the block per row
+        evaluated in this one forward, "stacked" or "packed" (`layout`; default: the resolved `verify_layout`);
+        outputs come back [n, c, L, ...]."""
+        engine, state = self._engine, self._state
+        if candidates is None:
+            return engine.forward(state, self.start, self.end, output_hidden_states=hidden, has_work=has_work)
+        n, copies, length = candidates.shape
+        canvas = state.canvas[state.active].repeat_interleave(copies, dim=0)
+        canvas[:, self.start : self.end] = candidates.reshape(n * copies, length)
+        out = engine.forward(state, self.start, self.end, output_hidden_states=hidden, canvas=canvas, copies=copies,
+                             has_work=has_work, layout=layout or engine.verify_layout())
+        hidden_states = out.hidden_states.view(n, copies, length, -1) if out.hidden_states is not None else None
+        return BackboneOutput(logits=out.logits.view(n, copies, length, -1), hidden_states=hidden_states)
+
+    def propose(self, logits: torch.Tensor, open_positions: torch.Tensor,
+                committed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and confidences for the block ([n, L], or [n, c, L] for logits [n, c, L, V] of c candidate
+        states); confidence is -inf where `open_positions` is False. `committed`: the count the draws key on
+        ([n] or [n, c]; default: the rows' current count)."""
+        return self._engine.propose(self._state, logits, self.start, self.end, open_positions,
+                                    self.committed if committed is None else committed)
+
+    def confidence_of(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The confidence `propose` gives `tokens` under other logits (e.g. head-corrected)."""
+        return self._engine.confidence_of(self._state, logits, tokens, self.start, self.end)
+
+    # ------------------------------------------------------------------ writing
+    def commit(self, ids: torch.Tensor, revealed: torch.Tensor) -> None:
+        """The block's new ids [n, L] for the active rows, and how many tokens each row revealed [n]."""
+        state = self._state
+        if state.every_row_active:  # write in place, no index gathers
+            state.canvas[:, self.start : self.end] = ids
+            state.committed += revealed
+        else:
+            state.canvas[state.active, self.start : self.end] = ids
+            state.committed[state.active] += revealed
+
+    def raise_if_stalled(self, stalled: torch.Tensor, confidence: torch.Tensor) -> None:
+        """Rows with masked positions that revealed nothing would loop for ever (NaN logits are the usual cause)."""
+        if bool(stalled.any()):
+            self._state.guard.check()  # name the model part that produced non-finite logits, if one did
+            raise RuntimeError(
+                f"decoding stalled: no position revealed for rows {self._state.active[stalled].tolist()} "
+                f"(confidences {confidence[stalled].tolist()}); the backbone's logits may contain NaN."
+            )
+
+    # ------------------------------------------------------------------ counting
+    def head_forward_done(self, logits: torch.Tensor | None = None) -> None:
+        """Count one MRP head forward; `logits` (the head-corrected ones) are checked for NaN/+inf."""
+        self._state.counters.head_forwards += 1
+        if logits is not None:
+            self._state.guard.watch(HEAD_PART, logits)
+
+    def record_acceptance(self, accepted: torch.Tensor, counted: torch.Tensor, max_drafts: int) -> None:
+        self._state.counters.record_acceptance(accepted, counted, max_drafts)
+
+    def record_remask(self, proposed: torch.Tensor, revoked: torch.Tensor) -> None:
+        """remask: proposals made and revoked in one step (bool [n, L] each)."""
+        counters = self._state.counters
+        counters.proposals += proposed.sum()
+        counters.revoked_reveals += revoked.sum()
