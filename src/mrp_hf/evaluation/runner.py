@@ -26,11 +26,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..generation.modes import MODE_NAMES, regime_error
+from ..generation.modes import MODES as MODES_REGISTRY
 from .tasks import EvalTask, as_task
 
 logger = logging.getLogger(__name__)
 
-MODES = ("static", "dynamic", "remask", "speculative", "direct")
+# the evaluation's mode labels: the backbone's own "static" and "dynamic" decoding, then every MRP mode of the
+# registry (generation/modes.py), which also says each one's regime
+MODES = ("static", "dynamic", *(name for name in MODE_NAMES if name != "off"))
 RESULTS_FILE = "results.jsonl"
 ROW_KEYS = (
     "mode", "threshold", "mrp_draft_tokens", "accuracy", "n", "backbone_forwards", "head_forwards",
@@ -45,18 +49,23 @@ def parse_mode(spec: str | dict[str, Any]) -> dict[str, Any]:
         name, _, value = spec.strip().partition(":")
         spec = {"mode": name}
         if value:
-            key = "threshold" if name in ("dynamic", "remask") else "mrp_draft_tokens"
+            dynamic = name == "dynamic" or (name in MODE_NAMES and MODES_REGISTRY[name].regime == "dynamic")
+            key = "threshold" if dynamic else "mrp_draft_tokens"
             spec[key] = float(value) if key == "threshold" else int(value)
     mode = dict(spec)
     name = mode.get("mode")
     if name not in MODES:
         raise ValueError(f"unknown mode {name!r}; use one of {', '.join(MODES)} (e.g. 'dynamic:0.9', 'speculative:3')")
-    if name in ("dynamic", "remask") and mode.get("threshold") is None:
+    if name == "dynamic" and mode.get("threshold") is None:
         raise ValueError(f"mode {name!r} needs a threshold, e.g. '{name}:0.5'")
-    if name in ("static", "speculative", "direct") and mode.get("threshold") is not None:
+    if name == "static" and mode.get("threshold") is not None:
         raise ValueError(f"mode {name!r} decodes one token per backbone pick: drop threshold={mode['threshold']}")
-    if name in ("speculative", "direct"):
-        mode.setdefault("mrp_draft_tokens", 3)
+    if name in MODE_NAMES:
+        problem = regime_error(name, mode.get("threshold"))
+        if problem:
+            raise ValueError(problem)
+        if MODES_REGISTRY[name].regime == "static":
+            mode.setdefault("mrp_draft_tokens", 3)
     return mode
 
 
