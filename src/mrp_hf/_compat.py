@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import transformers
 from packaging import version
 
 TRANSFORMERS_VERSION = version.parse(transformers.__version__)
 IS_TRANSFORMERS_5 = TRANSFORMERS_VERSION.major >= 5
+#: transformers 4.56 renamed `from_pretrained(torch_dtype=)` to `dtype` (the old name still works there, with a warning)
+DTYPE_KWARG = "dtype" if TRANSFORMERS_VERSION >= version.parse("4.56") else "torch_dtype"
 
 
 def cache_length(cache) -> int:
@@ -75,3 +79,52 @@ def _validate_taking_only(original, accepted: set[str]):
     validate._mrp_accepts_5x = True
     validate.__wrapped__ = original
     return validate
+
+
+def register_default_rope() -> None:
+    """transformers 5.x dropped the "default" rope type that Dream's (and other Qwen2-era) remote code looks up.
+
+    We register the plain RoPE frequencies under that name again: inv_freq[i] = theta^(-2i/d) over the
+    rotary part of each head, with no attention scaling - the 4.x definition.
+    """
+    from transformers import modeling_rope_utils
+
+    if "default" in modeling_rope_utils.ROPE_INIT_FUNCTIONS:
+        return
+
+    def default_rope(config=None, device=None, seq_len=None, **_: Any):
+        params = getattr(config, "rope_parameters", None) or {}
+        theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # 5.x moves partial_rotary_factor (like rope_theta) into rope_parameters and drops the attribute
+        dim = int(head_dim * params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
+        return inv_freq, 1.0
+
+    modeling_rope_utils.ROPE_INIT_FUNCTIONS["default"] = default_rope
+
+
+def reinit_rope_buffers(model) -> None:
+    """Recompute the rotary `inv_freq` buffers of 4.x-era remote code after a transformers 5.x load.
+
+    5.x builds the model on the meta device and then gives every non-persistent buffer `torch.empty`
+    storage, re-initialising only what the model's `_init_weights` covers. Remote code written for 4.x
+    (Dream, SDAR, Fast-dLLM v2, LLaDA2: Qwen2/Qwen3-style rotary embeddings) computes `inv_freq` in
+    `__init__` and its `_init_weights` never touches it, so it would hold uninitialised memory. We
+    recompute it with the module's own `rope_init_fn`, exactly as its `__init__` did.
+    """
+    for module in model.modules():
+        init_fn = getattr(module, "rope_init_fn", None)
+        inv_freq = module._buffers.get("inv_freq")
+        if not callable(init_fn) or inv_freq is None or getattr(module, "config", None) is None:
+            continue
+        value, scaling = init_fn(module.config, inv_freq.device, **(getattr(module, "rope_kwargs", None) or {}))
+        with torch.no_grad():
+            inv_freq.copy_(value.to(inv_freq.dtype))
+        module.attention_scaling = scaling
+        original = module._buffers.get("original_inv_freq")
+        if original is not None:
+            with torch.no_grad():
+                original.copy_(value.to(original.dtype))
+        elif hasattr(module, "original_inv_freq"):
+            module.original_inv_freq = inv_freq

@@ -48,12 +48,12 @@ def _cmd_families(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    import torch
     from transformers import AutoTokenizer
 
+    from .backbones.loading import resolve_dtype
     from .modeling_mrp import MRPModel
 
-    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    dtype = resolve_dtype(args.dtype)
     model = MRPModel.from_backbone_pretrained(
         args.backbone,
         backbone_family=args.backbone_family,
@@ -197,7 +197,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
               file=sys.stderr)
 
     torch.manual_seed(args.seed)
-    dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    from .backbones.loading import resolve_dtype
+
+    dtype = resolve_dtype(args.dtype)
     load = {"trust_remote_code": args.trust_remote_code, "torch_dtype": dtype}
     if args.head:
         from .backbones import load_backbone

@@ -35,12 +35,12 @@ except ImportError as _exc:  # pragma: no cover - exercised without lm-eval inst
 
 from transformers.utils import logging
 
+from .backbones.loading import DTYPES
 from .generation.config import build_generation_config
 
 logger = logging.get_logger(__name__)
 
 MODEL_NAME = "mrp-hf"
-_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: decoding fields that model args set for the run and a task's gen_kwargs may override per task
 _DECODING_FIELDS = (
     "mrp_mode", "threshold", "block_length", "mrp_draft_tokens", "steps", "tokens_per_step", "remask_rule",
@@ -116,8 +116,8 @@ def parse_model_args(raw: dict[str, Any]) -> MRPLMArgs:
     args = MRPLMArgs(**values)
     if args.backbone is None and args.head is None:
         raise ValueError("mrp-hf model args need head=<MRP head folder or repo> and/or backbone=<DLM id or folder>.")
-    if args.dtype not in _DTYPES:
-        raise ValueError(f"mrp-hf model arg dtype={args.dtype!r}: choose one of {list(_DTYPES)}.")
+    if args.dtype not in DTYPES:
+        raise ValueError(f"mrp-hf model arg dtype={args.dtype!r}: choose one of {list(DTYPES)}.")
     for name in ("batch_size", "mc_num", "mc_batch_size", "max_new_tokens", "max_length"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -729,7 +729,7 @@ def _load(args: MRPLMArgs):
     from .backbones import load_backbone
     from .modeling_mrp import MRPHead, MRPModel, _base_model_location
 
-    load = {"trust_remote_code": args.trust_remote_code, "torch_dtype": _DTYPES[args.dtype]}
+    load = {"trust_remote_code": args.trust_remote_code, "torch_dtype": DTYPES[args.dtype]}
     if args.head:
         backbone, found_mask = (None, None)
         if args.backbone:

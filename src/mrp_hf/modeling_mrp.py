@@ -11,14 +11,13 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from transformers.utils import logging
 
 from .backbones import BackboneAdapter, get_adapter, load_backbone, resolve_adapter_class
+from .backbones.loading import HUB_KWARGS as _HUB_KWARGS
 from .configuration_mrp import MRPConfig
 from .generation.config import _DEFAULTS, MRPGenerationConfig, build_generation_config
 from .generation.engine import DecodingEngine, MRPGenerateOutput
 
 logger = logging.get_logger(__name__)
 
-# where to find files: passed to the head's, the backbone's and the PEFT adapter's loading alike
-_HUB_KWARGS = ("cache_dir", "local_files_only", "token", "force_download", "proxies")
 # generate()'s keyword arguments: our fields and the token ids; other GenerationConfig fields would be ignored
 _GENERATE_KWARGS = (set(_DEFAULTS) - {"mask_token_id"}) | {
     "max_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id", "do_sample", "num_beams", "num_return_sequences",

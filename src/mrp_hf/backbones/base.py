@@ -287,16 +287,6 @@ class BackboneAdapter:
             hidden = _shift_right(hidden) if hidden is not None else None
         return BackboneOutput(logits=logits, hidden_states=hidden)
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "model_type": getattr(self.config, "model_type", None),
-            "mask_token_id": self.mask_token_id,
-            "shifted_logits": self.shifted_logits,
-            "attention": self.attention_pattern,
-            "block_size": self.block_size,
-            "exact_prefix_cache": self.exact_prefix_cache,
-        }
 
 
 class _LmHeadCapture:

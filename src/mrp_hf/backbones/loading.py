@@ -6,21 +6,36 @@ from typing import Any
 
 import torch
 import transformers
-from packaging import version
 from transformers import AutoConfig
 from transformers.utils import logging
 
-from .._compat import IS_TRANSFORMERS_5, TRANSFORMERS_VERSION, accept_4x_generation_config_validate
+from .._compat import (
+    DTYPE_KWARG,
+    IS_TRANSFORMERS_5,
+    accept_4x_generation_config_validate,
+    register_default_rope,
+    reinit_rope_buffers,
+)
 from .registry import resolve_adapter_class
 
 logger = logging.get_logger(__name__)
 
 # Auto classes tried, in order, among those a remote-code repo's `auto_map` names.
 _AUTO_PREFERENCE = ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel")
-# `from_pretrained` keyword arguments that say where the files are: the config and the tokenizer need them too
-_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "token")
-# transformers 4.56 renamed `torch_dtype` to `dtype` (the old name still works there, with a warning)
-_DTYPE_KWARG = "dtype" if TRANSFORMERS_VERSION >= version.parse("4.56") else "torch_dtype"
+#: `from_pretrained` keyword arguments that say where the files are: the config, the tokenizer, a head and a PEFT
+#: adapter need them too
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "token")
+#: `torch_dtype` / `dtype` values by name (the CLIs' and lm-eval's `--dtype`)
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """A dtype from its name ("auto": the checkpoint's own), or a dtype/None passed through."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name!r} is not one of {sorted(DTYPES)}.")
+    return DTYPES[name]
 
 
 def _auto_class(config) -> type:
@@ -34,55 +49,6 @@ def _auto_class(config) -> type:
         if arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel"):
             return transformers.AutoModelForCausalLM
     return transformers.AutoModelForMaskedLM
-
-
-def _register_default_rope() -> None:
-    """transformers 5.x dropped the "default" rope type that Dream's (and other Qwen2-era) remote code looks up.
-
-    We register the plain RoPE frequencies under that name again: inv_freq[i] = theta^(-2i/d) over the
-    rotary part of each head, with no attention scaling - the 4.x definition.
-    """
-    from transformers import modeling_rope_utils
-
-    if "default" in modeling_rope_utils.ROPE_INIT_FUNCTIONS:
-        return
-
-    def default_rope(config=None, device=None, seq_len=None, **_: Any):
-        params = getattr(config, "rope_parameters", None) or {}
-        theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        # 5.x moves partial_rotary_factor (like rope_theta) into rope_parameters and drops the attribute
-        dim = int(head_dim * params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
-        return inv_freq, 1.0
-
-    modeling_rope_utils.ROPE_INIT_FUNCTIONS["default"] = default_rope
-
-
-def _reinit_rope_buffers(model) -> None:
-    """Recompute the rotary `inv_freq` buffers of 4.x-era remote code after a transformers 5.x load.
-
-    5.x builds the model on the meta device and then gives every non-persistent buffer `torch.empty`
-    storage, re-initialising only what the model's `_init_weights` covers. Remote code written for 4.x
-    (Dream, SDAR, Fast-dLLM v2, LLaDA2: Qwen2/Qwen3-style rotary embeddings) computes `inv_freq` in
-    `__init__` and its `_init_weights` never touches it, so it would hold uninitialised memory. We
-    recompute it with the module's own `rope_init_fn`, exactly as its `__init__` did.
-    """
-    for module in model.modules():
-        init_fn = getattr(module, "rope_init_fn", None)
-        inv_freq = module._buffers.get("inv_freq")
-        if not callable(init_fn) or inv_freq is None or getattr(module, "config", None) is None:
-            continue
-        value, scaling = init_fn(module.config, inv_freq.device, **(getattr(module, "rope_kwargs", None) or {}))
-        with torch.no_grad():
-            inv_freq.copy_(value.to(inv_freq.dtype))
-        module.attention_scaling = scaling
-        original = module._buffers.get("original_inv_freq")
-        if original is not None:
-            with torch.no_grad():
-                original.copy_(value.to(original.dtype))
-        elif hasattr(module, "original_inv_freq"):
-            module.original_inv_freq = inv_freq
 
 
 def _import_remote_code(path: str, config, revision: str | None, hub_kwargs: dict[str, Any]) -> None:
@@ -130,7 +96,7 @@ def load_backbone(
     through, never forced on. With `return_mask_token_id=True` also returns the tokenizer's mask token
     id (None if no tokenizer is saved there), for families whose config does not carry it.
     """
-    hub_kwargs = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+    hub_kwargs = {k: kwargs[k] for k in HUB_KWARGS if k in kwargs}
     config_kwargs = dict(hub_kwargs, **({"subfolder": kwargs["subfolder"]} if "subfolder" in kwargs else {}))
     config = AutoConfig.from_pretrained(
         pretrained_model_name_or_path, trust_remote_code=trust_remote_code, revision=revision, **config_kwargs
@@ -138,12 +104,12 @@ def load_backbone(
     adapter_cls = resolve_adapter_class(config, backbone_family)
     remote = bool(getattr(config, "auto_map", None)) and trust_remote_code
     if IS_TRANSFORMERS_5 and remote:
-        _register_default_rope()
+        register_default_rope()
         _import_remote_code(pretrained_model_name_or_path, config, revision, hub_kwargs)
         accept_4x_generation_config_validate()
     load_kwargs: dict[str, Any] = dict(kwargs, trust_remote_code=trust_remote_code, revision=revision, config=config)
     if torch_dtype is not None:
-        load_kwargs[_DTYPE_KWARG] = torch_dtype
+        load_kwargs[DTYPE_KWARG] = torch_dtype
     if device_map is not None:
         load_kwargs["device_map"] = device_map
     try:
@@ -162,7 +128,7 @@ def load_backbone(
             )
         ) from err
     if IS_TRANSFORMERS_5 and remote:
-        _reinit_rope_buffers(model)
+        reinit_rope_buffers(model)
     if getattr(model, "generation_config", None) is None:
         # transformers 5 attaches generation_config.json only to models that can generate(); ours decodes them
         model.generation_config = _saved_generation_config(pretrained_model_name_or_path, revision, **config_kwargs)

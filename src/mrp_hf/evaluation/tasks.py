@@ -12,7 +12,6 @@ Other modules add tasks with `register_task(name, factory)`; `get_task("referenc
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..jsonl import read_jsonl
 from .sandbox import FunctionCheck, SandboxConfig, require_sandbox, run_function_checks
 
 logger = logging.getLogger(__name__)
@@ -104,18 +104,6 @@ def gsm8k_gold(answer: str) -> str | None:
     return normalize_number(answer.split("####")[-1])
 
 
-def _read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg}); one object per line") from None
-    return rows
-
-
 class JsonlTask(EvalTask):
     """Prompts (and optional answers) from a JSONL file: `{"id"?, "prompt", "answer"?}` per line.
 
@@ -147,7 +135,7 @@ class JsonlTask(EvalTask):
 
     def items(self) -> list[EvalItem]:
         if self._items is None:
-            rows = _read_jsonl(self.path)
+            rows = read_jsonl(self.path)
             self._items = [
                 EvalItem(str(row.get(self.id_field, i)), self.make_prompt(row), row.get(self.answer_field), meta=row)
                 for i, row in enumerate(rows)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..jsonl import jsonl_lines
 from . import bundled
 
 DEFAULT_THRESHOLDS = (0.9, 0.7, 0.5, 0.3)
@@ -39,12 +40,16 @@ def demo_modes(thresholds=DEFAULT_THRESHOLDS, draft_tokens: int = 3, direct_toke
 def load_prompts(path: str | Path) -> list[dict[str, Any]]:
     """A prompts file: JSONL with a "prompt" field (and optional "id"), or plain text, one prompt per line."""
     items = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        record = json.loads(line) if line.lstrip().startswith("{") else {"prompt": line}
+    for number, line in enumerate(jsonl_lines(path, parse=False)):
+        if line.problem:
+            raise ValueError(f"{line.location}: {line.problem}")
+        text = line.text.rstrip("\r\n")
+        try:
+            record = json.loads(text) if text.lstrip().startswith("{") else {"prompt": text}
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{line.location}: not valid JSON ({err.msg}); a JSON line needs a 'prompt' field") from None
         if "prompt" not in record:
-            raise ValueError(f"{path}:{number + 1} has no 'prompt' field.")
+            raise ValueError(f"{line.location} has no 'prompt' field.")
         items.append({"id": str(record.get("id", number)), "prompt": record["prompt"]})
     if not items:
         raise ValueError(f"{path} holds no prompts.")

@@ -27,6 +27,8 @@ import torch
 from torch.utils.data import Dataset, Sampler
 from transformers.utils import logging
 
+from ..jsonl import jsonl_lines
+
 logger = logging.get_logger(__name__)
 
 
@@ -133,29 +135,13 @@ def _read_json_file(path: Path) -> RecordSet:
     problems = _Problems(str(path))
     records: list[dict[str, Any]] = []
     locations: list[str] = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):  # split on b"\n" only: U+2028 inside a JSON string is not a line end
-            where = f"{path}:{number}"
-            if number == 1:
-                raw = raw.removeprefix(codecs.BOM_UTF8)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                problems.add(f"{where}: invalid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); save the file as UTF-8")
-                continue
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as err:
-                problems.add(f"{where}: not valid JSON ({err.msg} at column {err.colno}); each line must be one JSON object")
-                continue
-            problem = record_problem(value)
-            if problem:
-                problems.add(f"{where}: {problem}")
-                continue
-            records.append(value)
-            locations.append(where)
+    for line in jsonl_lines(path):
+        problem = line.problem or record_problem(line.value)
+        if problem:
+            problems.add(f"{line.location}: {problem}")
+            continue
+        records.append(line.value)
+        locations.append(line.location)
     if not problems.total and not records:
         problems.add(f"{path} holds no records (the file is empty or has only blank lines)")
     problems.raise_if_any()

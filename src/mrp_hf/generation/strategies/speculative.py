@@ -1,13 +1,13 @@
 """`mrp_mode="speculative"`: lossless MRP decoding in the static regime (one exact token per step).
 
-One round, from exact backbone logits on the current state S (the seed):
+One round, from exact backbone logits on the current state S:
 1. the backbone's own pick on S (most confident masked position, its token) is exact: commit it -> S_1;
 2. drafting: the head, applied recurrently on the hidden-state accumulator, predicts the logits of
    S_1, S_2, ... and proposes the pick d_k on each S_k -> S_{k+1} = S_k + d_k (no backbone forward);
 3. verification: ONE backbone forward over the candidate states S_1 .. S_{K+1} (stacked in the batch or packed
    in one sequence per row, `verify_layout`: generation/packed.py); d_k is accepted iff the backbone's pick on
    S_k is d_k (same position, same token), for all k at once; each row keeps its own longest accepted prefix,
-   and the verify outputs of the state it stops at seed the next round.
+   and the verify outputs of the state it stops at are the exact outputs of the next round.
 Picks are made by the same `TokenProposer` as static decoding, with the same committed count, so the keyed
 random draws coincide and the output equals static decoding token for token, greedy or sampled.
 One read of the device per round: whether a row stalled, and how many masked positions are left.
@@ -30,13 +30,13 @@ class SpeculativeDecoder(BlockDecoder):
 
     @torch.no_grad()
     def decode_block(self, block: BlockContext) -> None:
-        seed = block.forward(hidden=True)
+        exact = block.forward(hidden=True)  # the backbone's own outputs on the current state S
         while True:
             # 1. the exact pick on S
             ids = block.ids()
             masked = ids == block.mask_id
             committed = block.committed
-            tokens, confidence = block.propose(seed.logits, masked, committed)
+            tokens, confidence = block.propose(exact.logits, masked, committed)
             pick = top_k_positions(confidence, masked, 1)
             stalled = masked.any(dim=1) & ~pick.any(dim=1)
             ids = torch.where(pick, tokens, ids)
@@ -49,14 +49,14 @@ class SpeculativeDecoder(BlockDecoder):
             if left == 0:
                 return
             # 2. drafts from the head (no more than the masked positions left)
-            states, drafts = self._draft(block, ids, masked, committed, seed.hidden_states, min(self.draft_tokens, left))
+            states, drafts = self._draft(block, ids, masked, committed, exact.hidden_states, min(self.draft_tokens, left))
             # 3. one backbone forward verifies S_1 .. S_k+1 of every row; acceptance of all drafts at once
             verify = block.forward(hidden=True, candidates=states)
             accepted = self._accepted(block, verify.logits, states, drafts, committed)
             rows = torch.arange(ids.shape[0], device=ids.device)
             block.commit(states[rows, accepted], accepted)
             block.record_acceptance(accepted, masked.any(dim=1), self.draft_tokens)
-            seed = type(seed)(logits=verify.logits[rows, accepted], hidden_states=verify.hidden_states[rows, accepted])
+            exact = type(exact)(logits=verify.logits[rows, accepted], hidden_states=verify.hidden_states[rows, accepted])
 
     def _draft(self, block: BlockContext, ids, masked, committed, hidden, count: int):
         """`count` head steps from `ids` (S_1): candidate states [n, count+1, L] and draft masks [n, count, L]."""
