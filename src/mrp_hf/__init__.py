@@ -1,32 +1,73 @@
-"""mrp-hf: fast, better decoding for diffusion language models in Hugging Face transformers."""
+"""mrp-hf: fast, better decoding for diffusion language models in Hugging Face transformers.
 
-from transformers import AutoConfig, AutoModel
+Importing the package is cheap: its public names are loaded on first use (PEP 562 `__getattr__`), and it imports
+neither torch nor transformers. Importing it makes `AutoConfig`/`AutoModel` resolve MRP heads and the reference
+DLM as soon as transformers loads its Auto classes (`mrp_hf/_auto.py`).
+"""
 
-from .backbones import BackboneAdapter, available_families, get_adapter, load_backbone, register_adapter
-from .configuration_mrp import MRPConfig
-from .generation import GenerationStats, MRPGenerateOutput, MRPGenerationConfig
-from .modeling_mrp import MRPHead, MRPModel, attach
-from .reference import ReferenceDLM, ReferenceDLMConfig
+from __future__ import annotations
 
-# `AutoConfig.from_pretrained(head_repo)` -> MRPConfig, `AutoModel.from_pretrained(head_repo)` -> MRPHead
-AutoConfig.register(MRPConfig.model_type, MRPConfig, exist_ok=True)
-AutoModel.register(MRPConfig, MRPHead, exist_ok=True)
+import importlib
+from typing import TYPE_CHECKING
+
+from . import _auto
 
 __version__ = "0.1.0.dev0"
+
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "BackboneAdapter": "backbones",
+    "available_families": "backbones",
+    "get_adapter": "backbones",
+    "load_backbone": "backbones",
+    "register_adapter": "backbones",
+    "MRPConfig": "configuration_mrp",
+    "GenerationStats": "generation",
+    "MRPGenerateOutput": "generation",
+    "MRPGenerationConfig": "generation",
+    "MRPHead": "modeling_mrp",
+    "MRPModel": "modeling_mrp",
+    "attach": "modeling_mrp",
+    "ReferenceDLM": "reference",
+    "ReferenceDLMConfig": "reference",
+}
 
 __all__ = [
     "BackboneAdapter",
     "GenerationStats",
     "MRPConfig",
-    "MRPHead",
-    "attach",
     "MRPGenerateOutput",
     "MRPGenerationConfig",
+    "MRPHead",
     "MRPModel",
     "ReferenceDLM",
     "ReferenceDLMConfig",
+    "attach",
     "available_families",
     "get_adapter",
     "load_backbone",
     "register_adapter",
 ]
+
+
+def __getattr__(name: str):
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'mrp_hf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the real imports
+    from .backbones import BackboneAdapter, available_families, get_adapter, load_backbone, register_adapter
+    from .configuration_mrp import MRPConfig
+    from .generation import GenerationStats, MRPGenerateOutput, MRPGenerationConfig
+    from .modeling_mrp import MRPHead, MRPModel, attach
+    from .reference import ReferenceDLM, ReferenceDLMConfig
+
+_auto.install()

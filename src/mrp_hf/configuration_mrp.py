@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
+from ._auto import register_models
+
 # Rows of the embedding / lm_head sampled by the fingerprint: spread over the vocabulary, fixed forever.
 _FINGERPRINT_ROWS = 16
 # Upper bounds of a head's sizes, far above any real head (the paper's heads have 2-3 layers of the backbone's
@@ -85,6 +87,7 @@ class MRPConfig(PretrainedConfig):
         self.training = training or {}
         super().__init__(**kwargs)
         self._check_sizes()
+        register_models()  # AutoModel -> MRPHead, now that a config exists (mrp_hf/_auto.py)
 
     def _check_sizes(self) -> None:
         """Refuse sizes no head can have before anything is built: a config from an untrusted repo with

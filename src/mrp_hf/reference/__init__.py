@@ -1,28 +1,50 @@
 """The project's own small reference DLM: model, tokenizer, synthetic tasks, and the bundled checkpoints.
 
-Importing this package registers `ReferenceDLMConfig` / `ReferenceDLM` with the Auto classes, so the bundled
-folders (and any saved copy) load with `AutoModelForMaskedLM.from_pretrained` or `mrp_hf.load_backbone`.
+`import mrp_hf` registers `ReferenceDLMConfig` / `ReferenceDLM` with the Auto classes (`mrp_hf/_auto.py`), so the
+bundled folders (and any saved copy) load with `AutoModelForMaskedLM.from_pretrained` or `mrp_hf.load_backbone`.
+The names below load on first use, so that importing the config module alone stays light.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
+from __future__ import annotations
 
-from .bundled import load_reference
-from .configuration_reference import ReferenceDLMConfig
-from .modeling_reference import ReferenceDLM
-from .tasks import TASKS, ReferenceItem, check_answer, held_out_items
-from .tokenizer import build_tokenizer
+import importlib
+from typing import TYPE_CHECKING
 
-AutoConfig.register(ReferenceDLMConfig.model_type, ReferenceDLMConfig, exist_ok=True)
-AutoModel.register(ReferenceDLMConfig, ReferenceDLM, exist_ok=True)
-AutoModelForMaskedLM.register(ReferenceDLMConfig, ReferenceDLM, exist_ok=True)
+_EXPORTS = {
+    "load_reference": "bundled",
+    "ReferenceDLMConfig": "configuration_reference",
+    "ReferenceDLM": "modeling_reference",
+    "TASKS": "tasks",
+    "ReferenceItem": "tasks",
+    "check_answer": "tasks",
+    "held_out_items": "tasks",
+    "build_tokenizer": "tokenizer",
+}
 
 __all__ = [
-    "TASKS",
     "ReferenceDLM",
     "ReferenceDLMConfig",
     "ReferenceItem",
+    "TASKS",
     "build_tokenizer",
     "check_answer",
     "held_out_items",
     "load_reference",
 ]
+
+
+def __getattr__(name: str):
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'mrp_hf.reference' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from .bundled import load_reference
+    from .configuration_reference import ReferenceDLMConfig
+    from .modeling_reference import ReferenceDLM
+    from .tasks import TASKS, ReferenceItem, check_answer, held_out_items
+    from .tokenizer import build_tokenizer

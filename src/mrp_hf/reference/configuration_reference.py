@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from .._auto import register_models
+
 
 class ReferenceDLMConfig(PretrainedConfig):
     """A small SDAR-style masked diffusion LM: causal across blocks of `block_size` tokens, bidirectional
@@ -55,3 +57,4 @@ class ReferenceDLMConfig(PretrainedConfig):
         super().__init__(
             pad_token_id=pad_token_id, eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs
         )
+        register_models()  # AutoModel / AutoModelForMaskedLM -> ReferenceDLM, now that a config exists
