@@ -150,35 +150,59 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class UsageError(Exception):
+    """A user error in a command's arguments: printed as one line "mrp-hf <command>: <message>", exit status 2."""
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     """`mrp-hf eval`: every mode on the same prompts of one task; results.jsonl (resumable), rows.json, plot.png."""
     from pathlib import Path
 
     import torch
-    from transformers import AutoTokenizer
 
-    from .evaluation import format_table, get_task, parse_modes, plot_rows, run_modes, write_json
-    from .evaluation.sandbox import SandboxConfig, SandboxUnavailableError, sandbox_status
-    from .modeling_mrp import MRPHead, MRPModel, _base_model_location
+    from .evaluation import format_table, run_modes
+
+    modes = _eval_modes(args)
+    task = _eval_task(args)
+    torch.manual_seed(args.seed)
+    model, tokenizer = _eval_model(args)
+    output = Path(args.output) if args.output else None
+    rows = run_modes(
+        model, tokenizer, task, modes, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        block_length=args.block_length, generate_kwargs={"seed": args.seed, "temperature": args.temperature},
+        output_dir=output, chat=True if args.chat else (False if args.no_chat else None), limit=args.limit,
+        progress=not args.no_progress,
+    )
+    print(format_table(rows))
+    if output is not None:
+        _write_eval_outputs(rows, args, output)
+    return 0
+
+
+def _eval_modes(args: argparse.Namespace) -> list[dict]:
+    from .evaluation import parse_modes
 
     if not args.backbone and not args.head:
-        print("mrp-hf eval: give --head PATH (its config names the backbone) and/or --backbone ID_OR_PATH",
-              file=sys.stderr)
-        return 2
+        raise UsageError("give --head PATH (its config names the backbone) and/or --backbone ID_OR_PATH")
     try:
         modes = parse_modes(args.modes)
     except ValueError as exc:
-        print(f"mrp-hf eval: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     if not args.head and any(m["mode"] in ("remask", "speculative", "direct") for m in modes):
-        print("mrp-hf eval: modes remask/speculative/direct need --head; with --backbone only, use static and "
-              "dynamic:THRESHOLD", file=sys.stderr)
-        return 2
+        raise UsageError("modes remask/speculative/direct need --head; with --backbone only, use static and "
+                         "dynamic:THRESHOLD")
+    return modes
+
+
+def _eval_task(args: argparse.Namespace):
+    """The task, checked before any model is loaded (e.g. refuse at once when generated code cannot be sandboxed)."""
+    from .evaluation import get_task
+    from .evaluation.sandbox import SandboxConfig, SandboxUnavailableError, sandbox_status
+
     task_kwargs = {}
     if args.task in ("gsm8k", "jsonl"):
         if not args.data:
-            print(f"mrp-hf eval: --task {args.task} needs --data PATH (a JSONL file)", file=sys.stderr)
-            return 2
+            raise UsageError(f"--task {args.task} needs --data PATH (a JSONL file)")
         task_kwargs["path"] = args.data
     elif args.data and args.task == "humaneval":
         task_kwargs["path"] = args.data
@@ -186,24 +210,27 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         task_kwargs["sandbox"] = SandboxConfig(allow_unsandboxed=args.unsafe_exec)
     try:
         task = get_task(args.task, **task_kwargs)
-        task.check_ready()  # before loading the model: refuse early when generated code cannot run sandboxed
+        task.check_ready()
     except (ValueError, SandboxUnavailableError) as exc:
-        print(f"mrp-hf eval: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     sandbox = getattr(task, "sandbox", None)
     if isinstance(sandbox, SandboxConfig) and not sandbox_status(sandbox).available:
         print("mrp-hf eval: WARNING: --unsafe-exec: generated code runs WITHOUT a sandbox, with your user's access "
               f"to files, network and processes ({sandbox_status(sandbox).reason}); see docs/security.md",
               file=sys.stderr)
+    return task
 
-    torch.manual_seed(args.seed)
+
+def _eval_model(args: argparse.Namespace):
+    """(MRPModel, tokenizer): the head with its own (or the given) backbone, or the backbone alone."""
+    from transformers import AutoTokenizer
+
+    from .backbones import load_backbone
     from .backbones.loading import resolve_dtype
+    from .modeling_mrp import MRPHead, MRPModel, _base_model_location
 
-    dtype = resolve_dtype(args.dtype)
-    load = {"trust_remote_code": args.trust_remote_code, "torch_dtype": dtype}
+    load = {"trust_remote_code": args.trust_remote_code, "torch_dtype": resolve_dtype(args.dtype)}
     if args.head:
-        from .backbones import load_backbone
-
         backbone = load_backbone(args.backbone, **load) if args.backbone else None
         model = MRPModel.from_pretrained(args.head, backbone=backbone, **({} if backbone is not None else load))
         tokenizer_source = args.backbone or _base_model_location(
@@ -214,27 +241,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         tokenizer_source = args.backbone
     if args.device:
         model.to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=args.trust_remote_code)
+    return model, AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=args.trust_remote_code)
 
-    output = Path(args.output) if args.output else None
-    rows = run_modes(
-        model, tokenizer, task, modes, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-        block_length=args.block_length, generate_kwargs={"seed": args.seed, "temperature": args.temperature},
-        output_dir=output, chat=True if args.chat else (False if args.no_chat else None), limit=args.limit,
-        progress=not args.no_progress,
-    )
-    print(format_table(rows))
-    if output is not None:
-        meta = {"task": args.task, "backbone": args.backbone, "head": args.head, "max_new_tokens": args.max_new_tokens,
-                "block_length": args.block_length, "seed": args.seed, "temperature": args.temperature,
-                "unsafe_exec": args.unsafe_exec}
-        write_json(rows, output / "rows.json", **meta)
-        try:
-            plot_rows(rows, output / "plot.png")
-        except ImportError:
-            print("mrp-hf eval: matplotlib is missing, no plot (pip install 'mrp-hf[eval]')", file=sys.stderr)
-        print(f"wrote {output / 'results.jsonl'}, {output / 'rows.json'}, {output / 'plot.png'}")
-    return 0
+
+def _write_eval_outputs(rows: list[dict], args: argparse.Namespace, output) -> None:
+    from .evaluation import plot_rows, write_json
+
+    meta = {"task": args.task, "backbone": args.backbone, "head": args.head, "max_new_tokens": args.max_new_tokens,
+            "block_length": args.block_length, "seed": args.seed, "temperature": args.temperature,
+            "unsafe_exec": args.unsafe_exec}
+    write_json(rows, output / "rows.json", **meta)
+    try:
+        plot_rows(rows, output / "plot.png")
+    except ImportError:
+        print("mrp-hf eval: matplotlib is missing, no plot (pip install 'mrp-hf[eval]')", file=sys.stderr)
+    print(f"wrote {output / 'results.jsonl'}, {output / 'rows.json'}, {output / 'plot.png'}")
 
 
 LM_EVAL_USAGE = """usage: mrp-hf lm-eval [lm-eval arguments ...]
@@ -359,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["lm-eval"]:  # every later argument is lm-eval's, including -h
         return _cmd_lm_eval(argv[1:])
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"mrp-hf {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
