@@ -233,12 +233,12 @@ def test_adapter_returns_lm_head_input_in_the_same_forward(models, family):
     calls = []
     handle = adapter.model.register_forward_hook(lambda *a: calls.append(1))
     try:
-        out = adapter.forward(ids, attention_mask=torch.ones_like(ids), output_hidden_states=True, grid=4 if adapter.block_causal else None)
+        out = adapter.forward(ids, attention_mask=torch.ones_like(ids), return_lm_head_input=True, grid=4 if adapter.block_causal else None)
     finally:
         handle.remove()
     assert len(calls) == 1  # one backbone pass gives both
     head = adapter.get_output_embeddings()
-    assert out.hidden_states.shape == (1, 8, adapter.hidden_size)
+    assert out.lm_head_input.shape == (1, 8, adapter.hidden_size)
     # the hidden state is what the lm_head reads: lm_head(h) reproduces the (aligned) logits
-    assert torch.allclose(head(out.hidden_states).float(), out.logits.float(), atol=1e-4)
+    assert torch.allclose(head(out.lm_head_input).float(), out.logits.float(), atol=1e-4)
     assert adapter.get_input_embeddings().weight.shape[0] >= adapter.vocab_size - 1

@@ -74,7 +74,7 @@ def _naive_remask(backbone, head, prompt, max_new, block, tau, rule, delta):
         end = start + block
         while (canvas[0, start:end] == STAND_IN_MASK_ID).any():
             out = adapter.forward(canvas[:, :end], attention_mask=torch.ones_like(canvas[:, :end]),
-                                  position_ids=torch.arange(end)[None], output_hidden_states=True, grid=block)
+                                  position_ids=torch.arange(end)[None], return_lm_head_input=True, grid=block)
             logits = out.logits[0, start:end].float()
             logits[:, STAND_IN_MASK_ID] = float("-inf")
             confidence, tokens = logits.softmax(-1).max(-1)
@@ -87,7 +87,7 @@ def _naive_remask(backbone, head, prompt, max_new, block, tau, rule, delta):
                 ids = canvas[0, start:end].clone()
                 for q in proposals[:j]:
                     ids[q] = tokens[q]
-                h = out.hidden_states[:, start:end]
+                h = out.lm_head_input[:, start:end]
                 h_c = head(embed(ids[None]), h, position_ids=torch.arange(start, end)[None])
                 if rule == "confidence":
                     corrected = lm_head(h + h_c)[0, p].float()

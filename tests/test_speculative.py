@@ -210,7 +210,7 @@ class _CompareVerifyLayouts(BlockDecoder):
             forwards = (counters.backbone_forwards, counters.row_backbone_forwards.clone())
             out = block.forward(hidden=True, candidates=candidates, layout=layout)
             counted = (counters.backbone_forwards - forwards[0], (counters.row_backbone_forwards - forwards[1]).tolist())
-            flat = type(out)(logits=out.logits.flatten(0, 1), hidden_states=out.hidden_states.flatten(0, 1))
+            flat = type(out)(logits=out.logits.flatten(0, 1), lm_head_input=out.lm_head_input.flatten(0, 1))
             record[layout] = (flat, _cache_tensors(state.cache), counted)
         self.records.append(record)
         masked = block.masked()
@@ -239,7 +239,7 @@ def test_packed_verify_logits_equal_stacked(packing_models, family, prefix_cache
         # then never read (and the packed layout does not compute it from the copy's own predecessor)
         first = 1 if (family == "dream" and prefix_cache) else 0
         torch.testing.assert_close(packed.logits[:, first:], stacked.logits[:, first:], rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(packed.hidden_states[:, first:], stacked.hidden_states[:, first:], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(packed.lm_head_input[:, first:], stacked.lm_head_input[:, first:], rtol=1e-4, atol=1e-4)
         assert len(packed_cache) == len(stacked_cache)
         for mine, theirs in zip(packed_cache, stacked_cache, strict=True):
             assert mine.shape == theirs.shape

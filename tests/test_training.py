@@ -183,8 +183,8 @@ def test_chained_steps_feed_the_accumulator(backbones):
     prepared = objective.prepare(_batch(adapter, _samples()), torch.Generator().manual_seed(0))
     head = MRPHead(MRPConfig.for_backbone(adapter, num_hidden_layers=1))
     torch.nn.init.normal_(head.norm.weight, std=0.5)  # a head with a non-zero output
-    accumulators = HeadChain(head)(prepared.inputs_embeds, prepared.hidden_states, prepared.head_mask, prepared.position_ids)
-    acc = prepared.hidden_states
+    accumulators = HeadChain(head)(prepared.inputs_embeds, prepared.lm_head_input, prepared.head_mask, prepared.position_ids)
+    acc = prepared.lm_head_input
     for k, embeds in enumerate(prepared.inputs_embeds):
         acc = acc + head(embeds, acc, attention_mask=prepared.head_mask, position_ids=prepared.position_ids)
         assert torch.allclose(accumulators[k], acc, atol=1e-6)

@@ -168,15 +168,15 @@ class MRPHead(PreTrainedModel):
     def forward(
         self,
         inputs_embeds: torch.Tensor,
-        hidden_states: torch.Tensor,
+        lm_head_input: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
     ) -> torch.Tensor:
-        """inputs_embeds: backbone embedding of the updated ids [B, L, H]; hidden_states: h_A [B, L, H];
+        """inputs_embeds: backbone embedding of the updated ids [B, L, H]; lm_head_input: h_A [B, L, H];
         attention_mask: bool [B, 1, L, L] of allowed keys (None: everything sees everything).
-        Returns h_C [B, L, H] in the dtype of `hidden_states`."""
+        Returns h_C [B, L, H] in the dtype of `lm_head_input`."""
         dtype = self.fuse.weight.dtype
-        e, h = inputs_embeds.to(dtype), hidden_states.to(dtype)
+        e, h = inputs_embeds.to(dtype), lm_head_input.to(dtype)
         z = self.fuse(torch.cat([self.embed_norm(e), self.hidden_norm(h)], dim=-1))
         if position_ids is None:
             position_ids = torch.arange(z.shape[1], device=z.device).unsqueeze(0).expand(z.shape[0], -1)
@@ -189,7 +189,7 @@ class MRPHead(PreTrainedModel):
         z = self.norm(z)
         if self.out_proj is not None:
             z = self.out_proj(z)
-        return z.to(hidden_states.dtype)
+        return z.to(lm_head_input.dtype)
 
 
 class MRPModel(nn.Module):

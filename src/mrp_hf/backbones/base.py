@@ -24,12 +24,12 @@ class BackboneOutput:
 
     For shifted families the adapter has already moved the logits one step right; position 0 of the
     input then has no score of its own (it repeats position 1's) and the engine never decodes it.
-    `hidden_states` is the final normalised hidden state that the lm_head read, aligned the same way
+    `lm_head_input` is the final normalised hidden state that the lm_head read, aligned the same way
     (None unless asked for). A cache passed to the forward is updated in place by the model.
     """
 
     logits: torch.Tensor
-    hidden_states: torch.Tensor | None = None
+    lm_head_input: torch.Tensor | None = None
 
 
 class BackboneAdapter:
@@ -252,7 +252,7 @@ class BackboneAdapter:
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         past_key_values: Any = None,
-        output_hidden_states: bool = False,
+        return_lm_head_input: bool = False,
         grid: int | None = None,
         pattern: torch.Tensor | None = None,
     ) -> BackboneOutput:
@@ -268,14 +268,14 @@ class BackboneAdapter:
         else:
             inputs = self.model_inputs(input_ids, None, position_ids, past_key_values, grid)
             inputs["attention_mask"] = self.packed_attention_mask(pattern)
-        if output_hidden_states:
+        if return_lm_head_input:
             with capture_lm_head_input(self.get_output_embeddings()) as captured:
                 out = self.model(**inputs)
         else:
             out = self.model(**inputs)
         logits = out.logits if hasattr(out, "logits") else out[0]
         hidden = None
-        if output_hidden_states:
+        if return_lm_head_input:
             if not captured:
                 raise RuntimeError(
                     f"{type(self.model).__name__} computed its logits without calling its output embedding "
@@ -285,7 +285,7 @@ class BackboneAdapter:
         if self.shifted_logits:
             logits = _shift_right(logits)
             hidden = _shift_right(hidden) if hidden is not None else None
-        return BackboneOutput(logits=logits, hidden_states=hidden)
+        return BackboneOutput(logits=logits, lm_head_input=hidden)
 
 
 

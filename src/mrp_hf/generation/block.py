@@ -67,14 +67,14 @@ class BlockContext:
         outputs come back [n, c, L, ...]."""
         engine, state = self._engine, self._state
         if candidates is None:
-            return engine.forward(state, self.start, self.end, output_hidden_states=hidden, has_work=has_work)
+            return engine.forward(state, self.start, self.end, return_lm_head_input=hidden, has_work=has_work)
         n, copies, length = candidates.shape
         canvas = state.canvas[state.active].repeat_interleave(copies, dim=0)
         canvas[:, self.start : self.end] = candidates.reshape(n * copies, length)
-        out = engine.forward(state, self.start, self.end, output_hidden_states=hidden, canvas=canvas, copies=copies,
+        out = engine.forward(state, self.start, self.end, return_lm_head_input=hidden, canvas=canvas, copies=copies,
                              has_work=has_work, layout=layout or engine.verify_layout())
-        hidden_states = out.hidden_states.view(n, copies, length, -1) if out.hidden_states is not None else None
-        return BackboneOutput(logits=out.logits.view(n, copies, length, -1), hidden_states=hidden_states)
+        lm_head_input = out.lm_head_input.view(n, copies, length, -1) if out.lm_head_input is not None else None
+        return BackboneOutput(logits=out.logits.view(n, copies, length, -1), lm_head_input=lm_head_input)
 
     def propose(self, logits: torch.Tensor, open_positions: torch.Tensor,
                 committed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -399,7 +399,7 @@ class DecodingEngine:
         grid = self.grid or 1
         return max(0, min((start // grid) * grid, self.adapter.first_scoring_position(start)))
 
-    def forward(self, state: DecodingState, start: int, end: int, output_hidden_states: bool = False,
+    def forward(self, state: DecodingState, start: int, end: int, return_lm_head_input: bool = False,
                 canvas: torch.Tensor | None = None, copies: int = 1, has_work: torch.Tensor | None = None,
                 layout: str = "stacked", visible_end: int | None = None) -> BackboneOutput:
         """One counted backbone forward for the block [start, end) of every active row; returns its aligned logits
@@ -434,10 +434,10 @@ class DecodingEngine:
         if copies > 1 and layout == "packed":
             first_scored = start + 1 if self.refresh_commits_block_start else start
             out = packed_forward(adapter, self._patterns, canvas, canvas_mask, positions, cache, copies,
-                                 (start, end, visible_end), keep, first_scored, self.grid, output_hidden_states)
+                                 (start, end, visible_end), keep, first_scored, self.grid, return_lm_head_input)
         else:
             out = self._stacked_forward(canvas, canvas_mask, positions, cache, copies, (start, end, visible_end), keep,
-                                        output_hidden_states)
+                                        return_lm_head_input)
         state.guard.watch(BACKBONE_PART, out.logits)
         state.counters.backbone_forwards += 1
         if has_work is None:  # rows that still had masked positions in the block: the forward was for them
@@ -445,7 +445,7 @@ class DecodingEngine:
         state.counters.row_backbone_forwards[active] += has_work.long()
         return out
 
-    def _stacked_forward(self, canvas, canvas_mask, positions, cache, copies, span, keep, output_hidden_states):
+    def _stacked_forward(self, canvas, canvas_mask, positions, cache, copies, span, keep, return_lm_head_input):
         start, end, visible_end = span
         if copies > 1:
             canvas_mask = canvas_mask.repeat_interleave(copies, dim=0)
@@ -458,16 +458,16 @@ class DecodingEngine:
             attention_mask=canvas_mask[:, :visible_end],
             position_ids=positions[:, in_start:visible_end],
             past_key_values=cache,
-            output_hidden_states=output_hidden_states,
+            return_lm_head_input=return_lm_head_input,
             grid=self.grid,
         )
         block = slice(start - in_start, end - in_start)
-        hidden = out.hidden_states[:, block] if out.hidden_states is not None else None
+        hidden = out.lm_head_input[:, block] if out.lm_head_input is not None else None
         if cache is not None:
             crop_cache(cache, keep)
             if copies > 1:
                 select_cache_rows(cache, torch.arange(0, canvas.shape[0], copies, device=canvas.device))
-        return BackboneOutput(logits=out.logits[:, block], hidden_states=hidden)
+        return BackboneOutput(logits=out.logits[:, block], lm_head_input=hidden)
 
     # ------------------------------------------------------------------ proposals
     def propose(self, state: DecodingState, logits: torch.Tensor, start: int, end: int,

@@ -71,7 +71,7 @@ def _build_pattern(copies, in_start, shared_end, visible_end, grid, device) -> P
 def packed_forward(
     adapter: BackboneAdapter, patterns: PackedPatterns, canvas: torch.Tensor, canvas_mask: torch.Tensor,
     positions: torch.Tensor, cache, copies: int, span: tuple[int, int, int], keep: int, first_scored: int,
-    grid: int | None, output_hidden_states: bool,
+    grid: int | None, return_lm_head_input: bool,
 ) -> BackboneOutput:
     """One forward over `canvas` ([n * copies, T], copies row-major) packed as above; `span` = (block start, block
     end, visible end). Returns the block's aligned outputs [n * copies, L, ...] and crops the cache to `keep`
@@ -91,7 +91,7 @@ def packed_forward(
     pattern = patterns.get(copies, in_start, shared_end, visible_end, grid, canvas.device)
     allowed = canvas_mask[:, pattern.key_positions].bool()[:, None, None, :] & pattern.structure[None, None]
     out = adapter.forward(input_ids, position_ids=position_ids, past_key_values=cache,
-                          output_hidden_states=output_hidden_states, grid=grid, pattern=allowed)
+                          return_lm_head_input=return_lm_head_input, grid=grid, pattern=allowed)
     if cache is not None:
         crop_cache(cache, keep)
     shared, block = shared_end - in_start, slice(start - shared_end, end - shared_end)
@@ -99,5 +99,5 @@ def packed_forward(
     def per_copy(x):
         return x[:, shared:].reshape(n, copies, length, -1)[:, :, block].reshape(n * copies, end - start, -1)
 
-    hidden = per_copy(out.hidden_states) if out.hidden_states is not None else None
-    return BackboneOutput(logits=per_copy(out.logits), hidden_states=hidden)
+    hidden = per_copy(out.lm_head_input) if out.lm_head_input is not None else None
+    return BackboneOutput(logits=per_copy(out.logits), lm_head_input=hidden)

@@ -37,11 +37,11 @@ class HeadChain(nn.Module):
     def forward(
         self,
         inputs_embeds: list[torch.Tensor],
-        hidden_states: torch.Tensor,
+        lm_head_input: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
-        acc = hidden_states
+        acc = lm_head_input
         accumulators = []
         for embeds in inputs_embeds:
             acc = acc + self.head(embeds, acc, attention_mask=attention_mask, position_ids=position_ids)
@@ -67,7 +67,7 @@ class StepTargets:
 class Prepared:
     """Everything the head needs for one batch, built without gradients by `MRPObjective.prepare`."""
 
-    hidden_states: torch.Tensor  # h_A [B, L, H], float32
+    lm_head_input: torch.Tensor  # h_A [B, L, H], float32
     inputs_embeds: list[torch.Tensor]  # embed(x'_k) per step
     head_mask: torch.Tensor  # [B, 1, L, L] bool
     position_ids: torch.Tensor
@@ -153,7 +153,7 @@ class MRPObjective:
     # ------------------------------------------------------------------ backbone side
     def _backbone(self, ids, attention_mask, position_ids, hidden: bool):
         return self.adapter.forward(
-            ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=hidden, grid=self.grid
+            ids, attention_mask=attention_mask, position_ids=position_ids, return_lm_head_input=hidden, grid=self.grid
         )
 
     def _reveal_counts(self, num_samples: int, generator: torch.Generator) -> torch.Tensor:
@@ -216,7 +216,7 @@ class MRPObjective:
         # 2. backbone on x_t -> h_A, A
         out = self._backbone(noisy, attention, positions, hidden=True)
         # with a backbone split over devices (device_map), the logits and h_A live where the lm_head is
-        base_logits, hidden = out.logits.to(device), out.hidden_states.to(device)
+        base_logits, hidden = out.logits.to(device), out.lm_head_input.to(device)
 
         # 3. chained reveals and targets
         steps: list[StepTargets] = []
@@ -244,7 +244,7 @@ class MRPObjective:
         if positions is None:
             positions = torch.arange(ids.shape[1], device=device).unsqueeze(0).expand(ids.shape[0], -1)
         return Prepared(
-            hidden_states=hidden.float(),
+            lm_head_input=hidden.float(),
             inputs_embeds=embeds,
             head_mask=head_mask,
             position_ids=positions,
@@ -261,7 +261,7 @@ class MRPObjective:
         """A + C_k on each step's still-masked positions (rows in the order of `StepTargets`)."""
         accumulators = chain(
             prepared.inputs_embeds,
-            prepared.hidden_states,
+            prepared.lm_head_input,
             attention_mask=prepared.head_mask,
             position_ids=prepared.position_ids,
         )
@@ -309,7 +309,7 @@ class MRPObjective:
         """Steps 4-5: the weighted objective (a scalar with the head's graph)."""
         accumulators = chain(
             prepared.inputs_embeds,
-            prepared.hidden_states,
+            prepared.lm_head_input,
             attention_mask=prepared.head_mask,
             position_ids=prepared.position_ids,
         )

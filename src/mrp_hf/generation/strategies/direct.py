@@ -22,7 +22,7 @@ class DirectDecoder(BlockDecoder):
     def decode_block(self, block: BlockContext) -> None:
         positions = block.positions
         for _step, ids, masked, out in self.forward_steps(block):
-            logits, acc = out.logits, out.hidden_states
+            logits, acc = out.logits, out.lm_head_input
             committed = block.committed
             for k in range(self.draft_tokens + 1):
                 if k > 0:  # the head's prediction of the logits on the state after the last reveal

@@ -57,7 +57,7 @@ class RemaskDecoder(BlockDecoder):
         j = torch.arange(1, stages, device=ids.device).view(1, -1, 1)
         staged_ids = torch.where(rank.unsqueeze(1) < j, tokens.unsqueeze(1), ids.unsqueeze(1)).reshape(-1, length)
         copies = stages - 1
-        hidden = out.hidden_states.repeat_interleave(copies, dim=0)
+        hidden = out.lm_head_input.repeat_interleave(copies, dim=0)
         positions = block.positions.repeat_interleave(copies, dim=0)
         h_c = self.head(block.embed(staged_ids), hidden, position_ids=positions)
         # each proposal reads the stage of its own rank: gather h_C [n, L, H] from [n, copies, L, H] before the
@@ -65,7 +65,7 @@ class RemaskDecoder(BlockDecoder):
         stage_of = (rank - 1).clamp(0, copies - 1)
         h_c = h_c.view(n, copies, length, -1).gather(1, stage_of[:, None, :, None].expand(-1, 1, -1, h_c.shape[-1])).squeeze(1)
         if self.rule == "confidence":
-            corrected = block.lm_head(out.hidden_states + h_c)
+            corrected = block.lm_head(out.lm_head_input + h_c)
             block.head_forward_done(corrected)
             collapsed = block.confidence_of(corrected, tokens) < self.threshold
         else:

@@ -49,14 +49,14 @@ class SpeculativeDecoder(BlockDecoder):
             if left == 0:
                 return
             # 2. drafts from the head (no more than the masked positions left)
-            states, drafts = self._draft(block, ids, masked, committed, exact.hidden_states, min(self.draft_tokens, left))
+            states, drafts = self._draft(block, ids, masked, committed, exact.lm_head_input, min(self.draft_tokens, left))
             # 3. one backbone forward verifies S_1 .. S_k+1 of every row; acceptance of all drafts at once
             verify = block.forward(hidden=True, candidates=states)
             accepted = self._accepted(block, verify.logits, states, drafts, committed)
             rows = torch.arange(ids.shape[0], device=ids.device)
             block.commit(states[rows, accepted], accepted)
             block.record_acceptance(accepted, masked.any(dim=1), self.draft_tokens)
-            exact = type(exact)(logits=verify.logits[rows, accepted], hidden_states=verify.hidden_states[rows, accepted])
+            exact = type(exact)(logits=verify.logits[rows, accepted], lm_head_input=verify.lm_head_input[rows, accepted])
 
     def _draft(self, block: BlockContext, ids, masked, committed, hidden, count: int):
         """`count` head steps from `ids` (S_1): candidate states [n, count+1, L] and draft masks [n, count, L]."""
