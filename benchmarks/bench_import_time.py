@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+from pathlib import Path
 import statistics
 import subprocess
 import sys
 import time
 
+# the console script installed beside this interpreter (what a user runs), else the module
+_SCRIPT = Path(sys.executable).with_name("mrp-hf")
+_CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "mrp_hf.cli"]
 COMMANDS = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "import mrp_hf": [sys.executable, "-c", "import mrp_hf"],
-    "mrp-hf --help": [sys.executable, "-m", "mrp_hf.cli", "--help"],
-    "mrp-hf train --help": [sys.executable, "-m", "mrp_hf.cli", "train", "--help"],
+    "mrp-hf --help": [*_CLI, "--help"],
+    "mrp-hf train --help": [*_CLI, "train", "--help"],
 }
 
 
@@ -29,8 +32,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    if shutil.which("mrp-hf") is None:
-        print("note: the mrp-hf script is not on PATH; timing `python -m mrp_hf.cli` instead", file=sys.stderr)
+    if not _SCRIPT.exists():
+        print(f"note: no mrp-hf script beside {sys.executable}; timing `python -m mrp_hf.cli` instead", file=sys.stderr)
     times: dict[str, list[float]] = {name: [] for name in COMMANDS}
     for _ in range(args.repeats):  # interleaved, so that machine load hits every command alike
         for name, command in COMMANDS.items():
