@@ -14,6 +14,13 @@ IS_TRANSFORMERS_5 = TRANSFORMERS_VERSION.major >= 5
 DTYPE_KWARG = "dtype" if TRANSFORMERS_VERSION >= version.parse("4.56") else "torch_dtype"
 
 
+def output_with_cache(output_class, cache, **fields):
+    """A model output carrying the KV cache under this transformers' field name (`cache` from 5.2x on, where
+    `past_key_values=` still works but warns on every new process; `past_key_values` before)."""
+    name = "cache" if "cache" in getattr(output_class, "__dataclass_fields__", {}) else "past_key_values"
+    return output_class(**fields, **{name: cache})
+
+
 def cache_length(cache) -> int:
     """Number of positions held by a `transformers` cache (0 for None)."""
     if cache is None:

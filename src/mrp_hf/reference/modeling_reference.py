@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from .._compat import output_with_cache
 from ..backbones.base import allowed_keys
 from .configuration_reference import ReferenceDLMConfig
 
@@ -180,4 +181,4 @@ class ReferenceDLM(ReferenceDLMPreTrainedModel):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return output_with_cache(CausalLMOutputWithPast, past_key_values, loss=loss, logits=logits)
