@@ -196,3 +196,20 @@ def test_head_names_a_peft_adapter_that_is_loaded_on_the_backbone(tmp_path):
     out = model.generate(ids, max_new_tokens=8, block_length=4)
     assert torch.equal(out, with_adapter)
     assert not torch.equal(with_adapter, without)  # the adapter really changes the backbone
+
+
+def test_a_loaded_head_has_the_buffers_of_a_built_one(tmp_path):
+    """transformers 5 loads on the meta device: non-persistent buffers (the rotary frequencies) must be rebuilt
+    from the config, not left as uninitialised memory (which made the head's outputs zeros or NaN at random)."""
+    import torch
+
+    from mrp_hf import MRPConfig, MRPHead
+
+    config = MRPConfig(hidden_size=32, vocab_size=50, num_hidden_layers=1, num_attention_heads=4, head_hidden_size=16)
+    built = MRPHead(config)
+    built.save_pretrained(tmp_path)
+    loaded = MRPHead.from_pretrained(tmp_path)
+    buffers = dict(built.named_buffers())
+    assert buffers, "the head has no buffers: this test checks nothing"
+    for name, value in loaded.named_buffers():
+        torch.testing.assert_close(value, buffers[name], msg=name)

@@ -81,6 +81,11 @@ class MRPHead(PreTrainedModel):
             nn.init.normal_(module.weight, std=0.02)
         elif isinstance(module, LlamaRMSNorm):
             nn.init.ones_(module.weight)
+        elif isinstance(module, LlamaRotaryEmbedding):
+            # transformers 5 builds the model on the meta device and materialises the rotary embedding's
+            # non-persistent `inv_freq` buffers empty: only its own `_init_weights` fills them (from the config).
+            # Skipping it left uninitialised memory as the head's frequencies (zeros, sometimes NaN).
+            super()._init_weights(module)
 
     @torch.no_grad()
     def zero_output(self) -> None:
