@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 # the console script installed beside this interpreter (what a user runs), else the module
 _SCRIPT = Path(sys.executable).with_name("mrp-hf")

@@ -48,50 +48,28 @@ def _cmd_families(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
-    from .backbones.loading import resolve_dtype
-    from .modeling_mrp import MRPModel
-
-    dtype = resolve_dtype(args.dtype)
-    model = MRPModel.from_backbone_pretrained(
-        args.backbone,
-        backbone_family=args.backbone_family,
-        mask_token_id=args.mask_token_id,
-        trust_remote_code=args.trust_remote_code,
-        revision=args.revision,
-        torch_dtype=dtype,
-        device_map=args.device_map,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(args.backbone, revision=args.revision, trust_remote_code=args.trust_remote_code)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    """`mrp-hf generate`: decode prompts with a backbone (static or dynamic), or with a head in an MRP mode."""
     prompts = list(args.prompt)
     if args.prompts_file:
         with open(args.prompts_file, encoding="utf-8") as handle:
             prompts += [line.rstrip("\n") for line in handle if line.strip()]
     if not prompts:
-        print("mrp-hf generate: give --prompt TEXT (repeatable) or --prompts-file PATH", file=sys.stderr)
-        return 2
+        raise UsageError("give --prompt TEXT (repeatable) or --prompts-file PATH")
+    model, tokenizer = _generation_model(args, "generate")
     if args.chat:
         prompts = [
             tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
             for p in prompts
         ]
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not args.chat)
+    options = {"max_new_tokens": args.max_new_tokens, "block_length": args.block_length, "threshold": args.threshold,
+               "mrp_mode": args.mrp_mode, "mrp_draft_tokens": args.draft_tokens}
     start = time.perf_counter()
     out = model.generate(
-        batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        max_new_tokens=args.max_new_tokens,
-        block_length=args.block_length,
-        threshold=args.threshold,
-        temperature=args.temperature,
-        seed=args.seed,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        return_dict_in_generate=True,
+        batch["input_ids"].to(model.device), attention_mask=batch["attention_mask"].to(model.device),
+        temperature=args.temperature, seed=args.seed, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True,
+        **{name: value for name, value in options.items() if value is not None},  # unset: the model's own defaults
     )
     seconds = time.perf_counter() - start
     answers = tokenizer.batch_decode(out.sequences[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -101,6 +79,72 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     stats["wall_seconds"] = round(seconds, 3)
     print(json.dumps(stats), file=sys.stderr)
     return 0
+
+
+def _generation_model(args: argparse.Namespace, command: str):
+    """(MRPModel, left-padding tokenizer) for `generate`: --reference, --head (with its or the given backbone),
+    or --backbone alone; the torch threads chosen for it (`_choose_threads`)."""
+    from transformers import AutoTokenizer
+
+    from .backbones.loading import check_model_source, resolve_dtype
+    from .modeling_mrp import MRPHead, MRPModel, _base_model_location
+
+    if args.reference:
+        from .reference import bundled
+
+        if args.backbone or args.head:
+            raise UsageError("--reference loads the bundled reference DLM and head; do not combine it with --backbone/--head")
+        args.backbone, args.head = str(bundled.backbone_path()), str(bundled.head_path())
+    if not args.backbone and not args.head:
+        raise UsageError("give --backbone ID_OR_PATH, --head PATH (its config names the backbone), or --reference")
+    if args.mrp_mode not in (None, "off") and not args.head:
+        raise UsageError(f"--mrp-mode {args.mrp_mode} needs a trained head: add --head PATH (or use --reference)")
+    load = {"trust_remote_code": args.trust_remote_code, "revision": args.revision,
+            "torch_dtype": resolve_dtype(args.dtype), "device_map": args.device_map}
+    identity = {"backbone_family": args.backbone_family, "mask_token_id": args.mask_token_id}
+    if args.head:
+        check_model_source(args.head, what="head")
+        backbone = None
+        if args.backbone:
+            from .backbones import load_backbone
+
+            backbone = load_backbone(args.backbone, **load)
+        model = MRPModel.from_pretrained(args.head, backbone=backbone, **identity, **({} if backbone is not None else load))
+        source = args.backbone or _base_model_location(MRPHead.config_class.from_pretrained(args.head).base_model_name_or_path, args.head)
+    else:
+        model = MRPModel.from_backbone_pretrained(args.backbone, **identity, **load)
+        source = args.backbone
+    _choose_threads(args, command, model)
+    tokenizer = AutoTokenizer.from_pretrained(source, revision=None if args.head else args.revision,
+                                              trust_remote_code=args.trust_remote_code)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+#: below this many backbone parameters a CPU forward is a few ms of many small operations: extra OpenMP threads
+#: mostly wait for each other, and on a machine where other processes hold cores they wait much longer
+SMALL_MODEL_PARAMETERS = 100_000_000
+
+
+def _choose_threads(args: argparse.Namespace, command: str, model=None) -> None:
+    """torch's CPU threads: --threads N, else 1 for a small model on the CPU (torch's default of one thread per core
+    made the demo 20x slower on a busy 2-core machine, docs/benchmarks.md), else torch's default. Says what it chose."""
+    import torch
+
+    threads = getattr(args, "threads", None)
+    why = "--threads"
+    if threads is None:
+        on_cpu = model is None or model.device.type == "cpu"
+        size = sum(p.numel() for p in model.adapter.model.parameters()) if model is not None else 0
+        if not on_cpu or size >= SMALL_MODEL_PARAMETERS:
+            return
+        threads, why = 1, "a small model on the CPU; --threads N to change"
+    if threads < 1:
+        raise UsageError(f"--threads {threads}: give a positive number of threads")
+    torch.set_num_threads(threads)
+    print(f"mrp-hf {command}: {threads} torch thread{'s' if threads > 1 else ''} ({why})", file=sys.stderr)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -118,21 +162,25 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thresholds", default="0.9,0.7,0.5,0.3", help="dynamic / remask thresholds")
     p.add_argument("--draft-tokens", type=int, default=3, help="speculative drafts per round (K)")
     p.add_argument("--direct-tokens", type=int, default=2, help="head steps per backbone forward in direct mode")
-    p.add_argument("--remask-rule", choices=["confidence", "residual"], default="confidence")
+    p.add_argument("--remask-rule", choices=["confidence", "residual"], default="confidence",
+                   help="which reveals remask revokes (docs/modes.md)")
     p.add_argument("--remask-delta", type=float, default=None, help="|C| limit of the residual rule (default 1.5)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (1: latency regime)")
-    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's generation_config.json")
     p.add_argument("--timing-repeats", type=int, default=3, help="decode each batch N times, keep the fastest time")
     p.add_argument("--output", help="folder for results.jsonl (resumable), rows.json and plot.png")
     p.add_argument("--json", dest="json_path", help="write the rows as a JSON list here")
     p.add_argument("--plot", help="write the PNG plot here (default: OUTPUT/plot.png when --output is given)")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true", help="run the backbone's own modeling code from its repo")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (1 is fastest for the bundled model, and on a busy machine by far)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .reference.demo import run_demo
 
+    _choose_threads(args, "demo")
     plot = args.plot or (f"{args.output}/plot.png" if args.output else None)
     result = run_demo(
         head=args.head, backbone=args.backbone, prompts_file=args.prompts, per_task=args.per_task,
@@ -147,7 +195,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(result["table"])
     if plot:
         print(f"plot: {plot}")
+    if args.head is None:
+        print(TRY_NEXT)
     return 0
+
+
+TRY_NEXT = """
+Try next on the same bundled model (docs/quickstart.md):
+  mrp-hf generate --reference --prompt "sort:dcba" --mrp-mode speculative
+  mrp-hf eval --reference --limit 8
+  python -c "from mrp_hf.reference import bundled; print(bundled.backbone_path(), bundled.head_path())"   # its folders"""
 
 
 class UsageError(Exception):
@@ -166,6 +223,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     task = _eval_task(args)
     torch.manual_seed(args.seed)
     model, tokenizer = _eval_model(args)
+    _choose_threads(args, "eval", model)
     output = Path(args.output) if args.output else None
     rows = run_modes(
         model, tokenizer, task, modes, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
@@ -182,8 +240,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _eval_modes(args: argparse.Namespace) -> list[dict]:
     from .evaluation import parse_modes
 
+    if args.reference:
+        from .reference import bundled
+
+        if args.backbone or args.head:
+            raise UsageError("--reference evaluates the bundled reference DLM and head; do not combine it with --backbone/--head")
+        args.head = str(bundled.head_path())
+        args.task = args.task or "reference"
+    args.task = args.task or "humaneval"
     if not args.backbone and not args.head:
-        raise UsageError("give --head PATH (its config names the backbone) and/or --backbone ID_OR_PATH")
+        raise UsageError("give --head PATH (its config names the backbone) and/or --backbone ID_OR_PATH, or --reference")
     try:
         modes = parse_modes(args.modes)
     except ValueError as exc:
@@ -226,11 +292,12 @@ def _eval_model(args: argparse.Namespace):
     from transformers import AutoTokenizer
 
     from .backbones import load_backbone
-    from .backbones.loading import resolve_dtype
+    from .backbones.loading import check_model_source, resolve_dtype
     from .modeling_mrp import MRPHead, MRPModel, _base_model_location
 
     load = {"trust_remote_code": args.trust_remote_code, "torch_dtype": resolve_dtype(args.dtype)}
     if args.head:
+        check_model_source(args.head, what="head")
         backbone = load_backbone(args.backbone, **load) if args.backbone else None
         model = MRPModel.from_pretrained(args.head, backbone=backbone, **({} if backbone is not None else load))
         tokenizer_source = args.backbone or _base_model_location(
@@ -304,23 +371,30 @@ def _cmd_lm_eval(argv: list[str]) -> int:
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backbone", help="Hub id or local folder of the DLM (optional with --head)")
     parser.add_argument("--head", help="MRP head folder or repo (MRPModel.from_pretrained); needed by MRP modes")
-    parser.add_argument("--task", default="humaneval", help="humaneval | gsm8k | jsonl | reference")
+    parser.add_argument("--reference", action="store_true",
+                        help="the bundled reference DLM and head (task reference unless --task says otherwise)")
+    parser.add_argument("--task", default=None, help="humaneval | gsm8k | jsonl | reference (default: humaneval; "
+                                                     "reference with --reference)")
     parser.add_argument("--data", help="JSONL file for gsm8k/jsonl (or a HumanEval .jsonl.gz)")
     parser.add_argument("--modes", default="static,dynamic:0.9,dynamic:0.5,remask:0.5,speculative:3,direct:2",
                         help="comma-separated: static, dynamic:T, remask:T, speculative:K, direct:K")
     parser.add_argument("--limit", type=int, default=None, help="only the first N items")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--block-length", type=int, default=None)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--batch-size", type=int, default=8, help="prompts per generate call")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="answer length (default: the model's generation_config.json, else 128)")
+    parser.add_argument("--block-length", type=int, default=None, help="default: the model's own")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: 1 for a model under 100M parameters on the CPU, else torch's)")
     parser.add_argument("--output", help="folder for results.jsonl (resumable), rows.json and plot.png")
     chat = parser.add_mutually_exclusive_group()
     chat.add_argument("--chat", action="store_true", help="force the chat template")
     chat.add_argument("--no-chat", action="store_true", help="never use the chat template")
-    parser.add_argument("--trust-remote-code", action="store_true")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run the backbone's own modeling code from its repo")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                        help="auto: the checkpoint's own")
     parser.add_argument("--device", default=None, help='e.g. "cuda:0" (default: where the model loads)')
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="keys the sampling draws")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--unsafe-exec", action="store_true",
                         help="HumanEval: if no working bubblewrap sandbox exists, execute generated code WITHOUT one "
@@ -330,28 +404,40 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mrp-hf", description="Multi-token Residual Prediction for diffusion LMs.")
     parser.add_argument("--version", action="version", version=f"mrp-hf {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     fam = sub.add_parser("families", help="list the supported DLM families and how the engine sees them")
-    fam.add_argument("--json", action="store_true")
+    fam.add_argument("--json", action="store_true", help="machine-readable output")
     fam.set_defaults(func=_cmd_families)
 
-    gen = sub.add_parser("generate", help="decode prompts with a DLM backbone (static or dynamic decoding)")
-    gen.add_argument("--backbone", required=True, help="Hub id or local folder of the DLM")
+    gen = sub.add_parser("generate", help="decode prompts with a DLM backbone, or with a head in an MRP mode",
+                         formatter_class=DefaultsHelpFormatter)
+    where = gen.add_argument_group("model")
+    where.add_argument("--backbone", help="Hub id or local folder of the DLM (optional with --head)")
+    where.add_argument("--head", help="an MRP head folder or Hub id; its config names the backbone")
+    where.add_argument("--reference", action="store_true", help="the bundled reference DLM and head (try it offline)")
     gen.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     gen.add_argument("--prompts-file", help="a text file with one prompt per line")
     gen.add_argument("--chat", action="store_true", help="wrap prompts with the tokenizer's chat template")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--block-length", type=int, default=None)
-    gen.add_argument("--threshold", type=float, default=None, help="dynamic decoding threshold (default: static)")
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--backbone-family", default=None)
-    gen.add_argument("--mask-token-id", type=int, default=None)
-    gen.add_argument("--trust-remote-code", action="store_true")
-    gen.add_argument("--revision", default=None)
-    gen.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    gen.add_argument("--mrp-mode", choices=["off", "speculative", "remask", "direct"], default=None,
+                     help="MRP decoding mode (needs --head); default: the model's generation_config.json, else off")
+    gen.add_argument("--draft-tokens", type=int, default=None, help="K: drafts per round (speculative) or head steps (direct)")
+    gen.add_argument("--max-new-tokens", type=int, default=None,
+                     help="answer length (default: the model's generation_config.json, else 128)")
+    gen.add_argument("--block-length", type=int, default=None, help="default: the model's own")
+    gen.add_argument("--threshold", type=float, default=None, help="dynamic decoding threshold (unset: static)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    gen.add_argument("--seed", type=int, default=0, help="keys the sampling draws")
+    gen.add_argument("--backbone-family", default=None, help="force a family (mrp-hf families); default: detected")
+    gen.add_argument("--mask-token-id", type=int, default=None, help="default: the model's or its tokenizer's")
+    gen.add_argument("--trust-remote-code", action="store_true", help="run the backbone's own modeling code from its repo")
+    gen.add_argument("--revision", default=None, help="the backbone's Hub revision")
+    gen.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                     help="auto: the checkpoint's own")
     gen.add_argument("--device-map", default=None, help='e.g. "auto" or "cuda:0"')
+    gen.add_argument("--threads", type=int, default=None,
+                     help="torch CPU threads (default: 1 for a model under 100M parameters on the CPU, else torch's)")
     gen.add_argument("--json", action="store_true", help="one JSON object per answer")
     gen.set_defaults(func=_cmd_generate)
 
@@ -361,11 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(train)
     train.set_defaults(func=_cmd_train)
 
-    demo = sub.add_parser("demo", help="every decoding mode side by side on the bundled reference DLM + head")
+    demo = sub.add_parser("demo", help="every decoding mode side by side on the bundled reference DLM + head",
+                          formatter_class=DefaultsHelpFormatter)
     add_demo_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
 
-    ev = sub.add_parser("eval", help="accuracy and speed of several decoding modes on one task (docs/evaluation.md)")
+    ev = sub.add_parser("eval", help="accuracy and speed of several decoding modes on one task (docs/evaluation.md)",
+                        formatter_class=DefaultsHelpFormatter)
     add_eval_arguments(ev)
     ev.set_defaults(func=_cmd_eval)
 
@@ -379,12 +467,44 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # every later argument is lm-eval's, including -h
         return _cmd_lm_eval(argv[1:])
-    args = build_parser().parse_args(argv)
+    debug = "--debug" in argv  # accepted anywhere, not only before the command
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     try:
         return args.func(args)
     except UsageError as exc:
         print(f"mrp-hf {args.command}: {exc}", file=sys.stderr)
         return 2
+    except (ValueError, OSError, NotImplementedError) as exc:
+        # what a user's input caused (a missing folder, a model that does not fit, a bad value): the message says
+        # what and how to fix it, in one line; --debug shows where
+        if args.debug:
+            raise
+        print(f"mrp-hf {args.command}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    from .backbones.loading import ModelSourceError
+
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, ModelSourceError) else f"{type(exc).__name__}: {text} (--debug: the traceback)"
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Each option's help ends with its default (argparse's ArgumentDefaultsHelpFormatter skips options without a
+    help text and prints "(default: None)" and "(default: False)", which say nothing)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        default = action.default
+        if (
+            "default" in help_text or default is None or default is False or default == argparse.SUPPRESS
+            or default == []
+            or not action.option_strings or isinstance(action, argparse._StoreTrueAction)
+        ):
+            return help_text
+        return f"{help_text} (default: {default})".strip()
 
 
 if __name__ == "__main__":

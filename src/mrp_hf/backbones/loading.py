@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 import transformers
@@ -36,6 +39,65 @@ def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
     if name not in DTYPES:
         raise ValueError(f"dtype={name!r} is not one of {sorted(DTYPES)}.")
     return DTYPES[name]
+
+
+class ModelSourceError(OSError):
+    """A model location that cannot be loaded: a local folder that does not exist, or a Hub id that is neither in
+    the local cache nor reachable. The message says which, in one line."""
+
+
+def check_model_source(name_or_path: str, revision: str | None = None, what: str = "model", **hub_kwargs: Any) -> None:
+    """Fail at once, in one line, when `name_or_path` cannot be loaded: transformers would otherwise print a
+    "Repo id must be in the form" error for a mistyped folder, or try the Hub for about a minute on a machine with
+    no connection before saying the id is not cached."""
+    path = os.path.expanduser(str(name_or_path))
+    if os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise ModelSourceError(f"{what} {name_or_path}: is a file; give the folder that holds config.json, or a Hub id.")
+    looks_local = path.startswith(("./", "../", "/", "~", ".\\")) or path in (".", "..") or path.count("/") > 1
+    if looks_local:
+        raise ModelSourceError(f"no such folder: {name_or_path} (the {what} to load)")
+    if _cached_on_hub(path, revision, hub_kwargs.get("cache_dir")):
+        return
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or hub_kwargs.get("local_files_only"):
+        raise ModelSourceError(
+            f"{what} {name_or_path!r}: no such folder, not in the local cache ({hub_kwargs.get('cache_dir') or constants.HF_HUB_CACHE}), "
+            f"and offline (HF_HUB_OFFLINE=1 or local_files_only): download it where there is a connection, or give a local folder."
+        )
+    unreachable = _hub_unreachable(constants.ENDPOINT)
+    if unreachable:
+        raise ModelSourceError(
+            f"{what} {name_or_path!r}: no such folder, not in the local cache ({hub_kwargs.get('cache_dir') or constants.HF_HUB_CACHE}), "
+            f"and offline: {constants.ENDPOINT} cannot be reached ({unreachable}). Download it where there is a connection, "
+            f"or give a local folder."
+        )
+
+
+def _cached_on_hub(repo_id: str, revision: str | None, cache_dir: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir, revision=revision)
+    except HFValidationError as err:  # not a valid repo id, and no such folder either
+        raise ModelSourceError(f"no such folder, and not a Hub id: {repo_id} ({err})") from None
+    return isinstance(found, str)
+
+
+def _hub_unreachable(endpoint: str, timeout: float = 3.0) -> str | None:
+    """Why the Hub cannot be reached (a TCP connection within `timeout` seconds), or None when it can. Behind a
+    proxy the direct connection says nothing, so it is not tried."""
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlparse(endpoint)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+    except OSError as err:
+        return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return None
 
 
 def _auto_class(config) -> type:
@@ -97,6 +159,7 @@ def load_backbone(
     id (None if no tokenizer is saved there), for families whose config does not carry it.
     """
     hub_kwargs = {k: kwargs[k] for k in HUB_KWARGS if k in kwargs}
+    check_model_source(pretrained_model_name_or_path, revision, what="backbone", **hub_kwargs)
     config_kwargs = dict(hub_kwargs, **({"subfolder": kwargs["subfolder"]} if "subfolder" in kwargs else {}))
     config = AutoConfig.from_pretrained(
         pretrained_model_name_or_path, trust_remote_code=trust_remote_code, revision=revision, **config_kwargs

@@ -150,7 +150,7 @@ def run_modes(
     modes: str | Sequence[str | dict[str, Any]],
     *,
     batch_size: int = 8,
-    max_new_tokens: int = 128,
+    max_new_tokens: int | None = None,
     block_length: int | None = None,
     generate_kwargs: dict[str, Any] | None = None,
     output_dir: str | Path | None = None,
@@ -169,7 +169,8 @@ def run_modes(
         task_or_items: an `EvalTask`, or a list of items (see `ItemsTask`).
         modes: mode dicts or strings (see `parse_modes`).
         batch_size: prompts per `generate` call.
-        max_new_tokens, block_length, generate_kwargs: passed to every `generate` call (e.g. temperature, seed).
+        max_new_tokens, block_length, generate_kwargs: passed to every `generate` call (e.g. temperature, seed);
+            unset lengths come from the model's generation config.
         output_dir: where `results.jsonl` is appended per batch; a rerun resumes from it.
         chat: wrap prompts in the chat template (None: the task's default, if the tokenizer has a template).
         limit: only the first `limit` items.
@@ -201,7 +202,9 @@ def run_modes(
 
     if getattr(tokenizer, "pad_token_id", None) is None:
         tokenizer.pad_token = tokenizer.eos_token
-    common: dict[str, Any] = {"max_new_tokens": max_new_tokens, "block_length": block_length}
+    # unset lengths are the model's own (its generation_config.json); an explicit None would reset them
+    common: dict[str, Any] = {k: v for k, v in (("max_new_tokens", max_new_tokens), ("block_length", block_length))
+                              if v is not None}
     common.update(generate_kwargs or {})
     common.setdefault("eos_token_id", tokenizer.eos_token_id)
     common.setdefault("pad_token_id", tokenizer.pad_token_id)
