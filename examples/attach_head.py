@@ -4,7 +4,7 @@ Useful when you load the backbone yourself: your own dtype / device / quantisati
 in memory, or several heads tried on one loaded backbone.
 
     python examples/attach_head.py --head heads/sdar-1.7b-chat-mrp --trust-remote-code
-    python examples/attach_head.py --tiny          # tiny local models, CPU, seconds (see _tiny.py)
+    python examples/attach_head.py --tiny          # the bundled reference model, CPU, seconds (see _tiny.py)
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--backbone", default="JetLM/SDAR-1.7B-Chat", help="Hub id or folder of the DLM")
     parser.add_argument("--head", default="heads/sdar-1.7b-chat-mrp", help="an MRP head folder trained for it")
     parser.add_argument("--prompt", default="What is 12 * 7? Answer with the number.")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="0: the model's generation_config.json")
     parser.add_argument("--trust-remote-code", action="store_true", help="run the model repo's own Python code")
-    parser.add_argument("--tiny", action="store_true", help="tiny local models (or MRP_EXAMPLES_TINY=1)")
+    parser.add_argument("--tiny", action="store_true", help="the bundled reference model (or MRP_EXAMPLES_TINY=1)")
     args = parser.parse_args()
     if args.tiny or os.environ.get("MRP_EXAMPLES_TINY", "") not in ("", "0"):
-        from _tiny import tiny_paths  # examples/_tiny.py: only the tiny path needs it
+        from _tiny import tiny_paths, tiny_prompts  # examples/_tiny.py: only the tiny path needs it
 
         args.backbone, args.head = tiny_paths()
-        args.prompt, args.max_new_tokens = "rev:abcd", 8
+        args.prompt, args.max_new_tokens = tiny_prompts(1)[0], 0  # the reference model's own answer length
     return args
 
 
@@ -62,10 +62,11 @@ def main() -> int:
     batch = tokenizer([args.prompt], return_tensors="pt").to(model.device)
     block = head.config.block_length or 32  # the head only decodes the block length it was trained with
     kwargs = dict(
-        attention_mask=batch["attention_mask"], max_new_tokens=-(-args.max_new_tokens // block) * block,
-        block_length=block, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        mrp_mode="speculative", mrp_draft_tokens=3, return_dict_in_generate=True,
+        attention_mask=batch["attention_mask"], block_length=block, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, mrp_mode="speculative", mrp_draft_tokens=3, return_dict_in_generate=True,
     )
+    if args.max_new_tokens:  # else the model's generation_config.json says
+        kwargs["max_new_tokens"] = -(-args.max_new_tokens // block) * block
     out_wrapped = model.generate(batch["input_ids"], **kwargs)
     out_attached = backbone.generate(batch["input_ids"], **kwargs)
     assert torch.equal(out_wrapped.sequences, out_attached.sequences)  # the same engine and head either way

@@ -9,7 +9,11 @@ not trust at all, add a VM around the evaluation too (kernel bugs are out of any
     python examples/eval_humaneval.py --trust-remote-code --limit 20
     # with a head (its config names the backbone): the MRP modes too
     python examples/eval_humaneval.py --head heads/sdar-1.7b-chat-mrp --trust-remote-code
-    python examples/eval_humaneval.py --tiny          # tiny local models, CPU, seconds (see _tiny.py)
+    python examples/eval_humaneval.py --tiny          # the bundled reference model, CPU, seconds (see _tiny.py)
+
+Tiny mode: the bundled reference DLM reads a few dozen positions and a HumanEval prompt is hundreds of tokens,
+so `--tiny` runs the same `run_modes` call on the reference model's own tasks (`get_task("reference")`) instead, and
+says so; the HumanEval path itself is tested with the sandbox in tests/test_evaluation.py.
 
 The same from the shell: mrp-hf eval --task humaneval --backbone ... [--head ...] --modes ... --output DIR
 """
@@ -37,13 +41,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--output", default=None, help="folder for results.jsonl (resumable) and rows.json")
     parser.add_argument("--trust-remote-code", action="store_true", help="run the model repo's own Python code")
-    parser.add_argument("--tiny", action="store_true", help="tiny local models (or MRP_EXAMPLES_TINY=1)")
+    parser.add_argument("--tiny", action="store_true", help="the bundled reference model (or MRP_EXAMPLES_TINY=1)")
     args = parser.parse_args()
-    if args.tiny or os.environ.get("MRP_EXAMPLES_TINY", "") not in ("", "0"):
+    args.tiny = args.tiny or os.environ.get("MRP_EXAMPLES_TINY", "") not in ("", "0")
+    if args.tiny:
         from _tiny import tiny_paths  # examples/_tiny.py: only the tiny path needs it
 
         args.backbone, args.head = tiny_paths()
-        args.limit, args.max_new_tokens, args.block_length, args.batch_size = 2, 8, 4, 2
+        args.limit, args.max_new_tokens, args.batch_size = 8, None, 4  # the model's own answer length
     if args.modes is None:
         args.modes = "static,dynamic:0.9,dynamic:0.5" + (",remask:0.5,speculative:3,direct:2" if args.head else "")
     return args
@@ -69,8 +74,14 @@ def main() -> int:
 
     # 2. Every mode on the same problems (static first: it is the reference of the speed-up and of
     #    `identical_to_static`). HumanEval prompts are code to complete, so no chat template.
+    task = HumanEvalTask()
+    if args.tiny:
+        from mrp_hf.evaluation import get_task
+
+        task = get_task("reference")
+        print("tiny mode: the reference tasks, not HumanEval (its prompts do not fit the bundled model)")
     rows = run_modes(
-        model, tokenizer, HumanEvalTask(), args.modes, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        model, tokenizer, task, args.modes, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
         block_length=block_length, output_dir=args.output, limit=args.limit, progress=False,
     )
 

@@ -4,7 +4,7 @@ config only) and the backbone its config names, then `generate(..., mrp_mode=...
     # a head trained with examples/train_head_jsonl.py (its config names JetLM/SDAR-1.7B-Chat)
     python examples/generate_with_head.py --head heads/sdar-1.7b-chat-mrp --trust-remote-code
     python examples/generate_with_head.py --head HEAD --mode remask --threshold 0.5 --trust-remote-code
-    python examples/generate_with_head.py --tiny          # tiny local models, CPU, seconds (see _tiny.py)
+    python examples/generate_with_head.py --tiny          # the bundled reference model, CPU, seconds (see _tiny.py)
 
 The decoding is run twice: once as the backbone's own static decoding (`mrp_mode="off"`, one token per
 backbone forward), once in the chosen MRP mode. The speculative mode must give exactly the same tokens.
@@ -30,16 +30,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--mode", choices=["speculative", "remask", "direct"], default="speculative")
     parser.add_argument("--draft-tokens", type=int, default=3, help="speculative / direct: K head steps per round")
     parser.add_argument("--threshold", type=float, default=0.5, help="remask: the dynamic-decoding threshold")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="0: the model's generation_config.json")
     parser.add_argument("--trust-remote-code", action="store_true", help="run the model repo's own Python code")
-    parser.add_argument("--tiny", action="store_true", help="tiny local models (or MRP_EXAMPLES_TINY=1)")
+    parser.add_argument("--tiny", action="store_true", help="the bundled reference model (or MRP_EXAMPLES_TINY=1)")
     args = parser.parse_args()
     if args.tiny or os.environ.get("MRP_EXAMPLES_TINY", "") not in ("", "0"):
-        from _tiny import tiny_paths  # examples/_tiny.py: only the tiny path needs it
+        from _tiny import tiny_paths, tiny_prompts  # examples/_tiny.py: only the tiny path needs it
 
         backbone, args.head = tiny_paths()
         args.backbone = args.backbone or backbone
-        args.prompt, args.max_new_tokens = "sort:dbca", 16
+        args.prompt, args.max_new_tokens = tiny_prompts(1)[0], 0  # the reference model's own answer length
     return args
 
 
@@ -71,11 +71,12 @@ def main() -> int:
     # 3. Decode. A head only works with the block length it was trained with (recorded in its config), and
     #    max_new_tokens must be a multiple of the block length.
     block = model.head.config.block_length or 32
-    new_tokens = -(-args.max_new_tokens // block) * block
     common = dict(
-        attention_mask=batch["attention_mask"], max_new_tokens=new_tokens, block_length=block,
+        attention_mask=batch["attention_mask"], block_length=block,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True,
     )
+    if args.max_new_tokens:  # else the model's generation_config.json says
+        common["max_new_tokens"] = -(-args.max_new_tokens // block) * block
     mode_kwargs = {"mrp_mode": args.mode}
     if args.mode in ("speculative", "direct"):
         mode_kwargs["mrp_draft_tokens"] = args.draft_tokens

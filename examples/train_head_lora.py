@@ -6,7 +6,7 @@ adapted model, not on the base. Its config then records both the base model and 
 
     python examples/train_head_lora.py --backbone GSAI-ML/LLaDA-8B-Instruct --adapter <you>/<llada-lora> \
         --dataset chat.jsonl --output heads/llada-lora-mrp --trust-remote-code
-    python examples/train_head_lora.py --tiny          # tiny local models, CPU, seconds (see _tiny.py)
+    python examples/train_head_lora.py --tiny          # the bundled reference model, CPU, seconds (see _tiny.py)
 
 Why not merge the adapter first (`merge_and_unload()`)? A merged copy has no id of its own to record, so the
 head could only name the base model, and `from_pretrained(head)` would load the backbone without the adapter.
@@ -16,9 +16,7 @@ Train on the merged copy only if you also save it and pass that folder as --back
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import tempfile
 from pathlib import Path
 
@@ -37,17 +35,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output", default="heads/llada-8b-instruct-lora-mrp")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--trust-remote-code", action="store_true", help="run the model repo's own Python code")
-    parser.add_argument("--tiny", action="store_true", help="tiny local models (or MRP_EXAMPLES_TINY=1)")
+    parser.add_argument("--tiny", action="store_true", help="the bundled reference model (or MRP_EXAMPLES_TINY=1)")
     args = parser.parse_args()
     args.tiny = args.tiny or os.environ.get("MRP_EXAMPLES_TINY", "") not in ("", "0")
     if args.tiny:
-        from _tiny import tiny_paths  # examples/_tiny.py: only the tiny path needs it
+        from _tiny import tiny_dataset, tiny_paths  # examples/_tiny.py: only the tiny path needs it
 
         args.backbone, _ = tiny_paths()
         work = Path(tempfile.mkdtemp(prefix="mrp-example-"))
         args.output, args.steps = str(work / "head"), 3
         args.adapter = args.adapter or make_random_lora(args.backbone, work / "adapter")
-        args.dataset = args.dataset or write_toy_jsonl(work / "rev.jsonl")
+        args.dataset = args.dataset or tiny_dataset(work, samples=64)
     elif not (args.adapter and args.dataset):
         parser.error("--adapter and --dataset are required (see the docstring)")
     return args
@@ -60,15 +58,6 @@ def make_random_lora(backbone: str, folder: Path) -> str:
     lora = get_peft_model(base, LoraConfig(r=4, target_modules=["qkv_proj", "o_proj"], init_lora_weights=False))
     lora.save_pretrained(folder)
     return str(folder)
-
-
-def write_toy_jsonl(path: Path, samples: int = 48) -> str:
-    rng = random.Random(0)
-    with open(path, "w", encoding="utf-8") as handle:
-        for _ in range(samples):
-            letters = "".join(rng.choice("abcdefgh") for _ in range(rng.randint(3, 6)))
-            handle.write(json.dumps({"prompt": "rev:" + letters, "response": letters[::-1]}) + "\n")
-    return str(path)
 
 
 def main() -> int:
@@ -84,7 +73,7 @@ def main() -> int:
     #    the base model id, which train_head reads from the backbone's config (`_name_or_path`).
     config = MRPTrainingConfig(
         max_steps=args.steps, batch_size=4 if args.tiny else 2, grad_accum=1 if args.tiny else 8,
-        max_length=32 if args.tiny else 2048, num_hidden_layers=1 if args.tiny else 3,
+        max_length=64 if args.tiny else 2048, num_hidden_layers=1 if args.tiny else 3,
         chat_template=not args.tiny, mixed_precision="bf16" if gpu else "no", disable_progress=args.tiny,
         eval_every=max(1, args.steps // 4),
     )
@@ -101,10 +90,18 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.backbone, trust_remote_code=args.trust_remote_code)
-    batch = tokenizer(["rev:abcde" if args.tiny else "Give me three facts about owls."], return_tensors="pt")
+    if args.tiny:
+        from _tiny import tiny_prompts
+
+        prompt = tiny_prompts(1)[0]
+    else:
+        prompt = "Give me three facts about owls."
+    batch = tokenizer([prompt], return_tensors="pt")
     block = head.config.block_length
-    kwargs = dict(attention_mask=batch["attention_mask"], max_new_tokens=4 * block, block_length=block,
-                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    kwargs = dict(attention_mask=batch["attention_mask"], block_length=block, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id)
+    if not args.tiny:  # tiny: the reference model's own answer length (its generation_config.json)
+        kwargs["max_new_tokens"] = 4 * block
     static = model.generate(batch["input_ids"], **kwargs)
     fast = model.generate(batch["input_ids"], mrp_mode="speculative", **kwargs)
     print(f"LoRA backbone + head: speculative identical to static: {torch.equal(static, fast)}")
