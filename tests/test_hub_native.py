@@ -278,9 +278,31 @@ def test_return_dict_in_generate_inside_a_config(reference):
                                                                                    max_new_tokens=8)), MRPGenerateOutput)
 
 
-def test_max_new_tokens_defaults_come_from_the_backbone(models):
+@pytest.mark.parametrize("fields", [
+    dict(mrp_mode="speculative", mrp_draft_tokens=4, block_length=8, max_new_tokens=16, eos_token_id=2),
+    dict(mrp_mode="remask", threshold=0.5, temperature=0.7, top_p=0.9, seed=3),
+])
+def test_mrp_generation_config_round_trips_through_generation_config_json(tmp_path, fields):
+    config = MRPGenerationConfig(**fields)
+    config.save_pretrained(tmp_path)
+    plain = GenerationConfig.from_pretrained(tmp_path)
+    plain.validate(strict=True)  # what transformers itself reads from the file: no "flags are not valid"
+    again = MRPGenerationConfig.from_pretrained(tmp_path)
+    drop = ("transformers_version",)
+    assert {k: v for k, v in again.to_dict().items() if k not in drop} == \
+        {k: v for k, v in config.to_dict().items() if k not in drop}
+    # and a model whose backbone ships the file as a plain GenerationConfig decodes with exactly these settings
+    from mrp_hf.generation.config import build_generation_config
+
+    built = build_generation_config(plain)
+    assert all(getattr(built, k) == getattr(config, k) for k in fields)
+    assert built.top_k is None  # not transformers 4.x's default of 50
+
+
+def test_max_new_tokens_defaults_come_from_the_backbone(models, monkeypatch):
     backbone = models["sdar"]
-    backbone.generation_config = GenerationConfig(max_new_tokens=12, eos_token_id=None)
+    monkeypatch.setattr(backbone, "generation_config", GenerationConfig(max_new_tokens=12, eos_token_id=None),
+                        raising=False)
     model = MRPModel.from_backbone(backbone, mask_token_id=STAND_IN_MASK_ID)
     assert model.generation_config.max_new_tokens == 12
     assert model.generate(torch.tensor([[5, 17, 33, 9]]), block_length=4).shape == (1, 16)

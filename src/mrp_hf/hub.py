@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -147,21 +146,25 @@ def _custom_generate_argument() -> str:
     )
 
 
-# model -> {(head location, loading arguments): MRPModel}; entries go with the model
-_WRAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# where a model keeps its wrappers, {(head location, loading arguments): MRPModel}: on the model itself (a plain
+# attribute, not a submodule: saving the model never saves a head), so they go when the model goes
+_WRAPPERS_ATTRIBUTE = "_mrp_custom_generate_wrappers"
 
 
 def _wrapped(model: Any, location: str, loading: dict[str, Any]):
     from .modeling_mrp import MRPHead, MRPModel, model_generation_config
 
     key = (location, tuple(sorted((k, str(v)) for k, v in loading.items())))
-    per_model = _WRAPPED.setdefault(model, {})
-    wrapped = per_model.get(key)
+    wrappers = model.__dict__.get(_WRAPPERS_ATTRIBUTE)
+    if wrappers is None:
+        wrappers = {}
+        object.__setattr__(model, _WRAPPERS_ATTRIBUTE, wrappers)
+    wrapped = wrappers.get(key)
     if wrapped is None:
         head = MRPHead.from_pretrained(location, **loading)
         wrapped = MRPModel.from_backbone(model, head=head)
         head.to(device=wrapped.device).eval()
-        per_model[key] = wrapped
+        wrappers[key] = wrapped
     # the model's own generation_config may have changed since: its defaults are read at every call
     wrapped.generation_config = model_generation_config(model, wrapped.head)
     return wrapped

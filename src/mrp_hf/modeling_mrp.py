@@ -311,8 +311,13 @@ class MRPModel(PreTrainedModel, GenerationMixin):
         mismatch raises `ValueError` naming both values; with `strict=False` a fingerprint mismatch is only a
         warning. This is also what `AutoModelForCausalLM.from_pretrained(head)` runs.
         """
+        if len(model_args) == 1 and backbone is None and isinstance(model_args[0], nn.Module):
+            backbone, model_args = model_args[0], ()  # from_pretrained(head, backbone), as before it was a PreTrainedModel
         if model_args:
-            raise TypeError(f"MRPModel.from_pretrained takes one positional argument (the head), got {len(model_args) + 1}.")
+            raise TypeError(
+                f"MRPModel.from_pretrained takes the head and optionally the backbone as positional arguments, got "
+                f"{len(model_args) + 1}; pass the rest by keyword."
+            )
         for name in _AUTO_CLASS_ARGUMENTS:
             backbone_kwargs.pop(name, None)
         head_kwargs = {k: backbone_kwargs[k] for k in _HUB_KWARGS if k in backbone_kwargs}
