@@ -58,7 +58,7 @@ CODE_FILES = {
 
 # generate() inputs transformers hands to every custom generate function that this decoding has no use for
 _REFUSED_INPUTS = ("prefix_allowed_tokens_fn", "assistant_model", "negative_prompt_ids", "negative_prompt_attention_mask")
-_IGNORED_WHEN_UNSET = ("synced_gpus", "use_model_defaults")
+_IGNORED_WHEN_UNSET = ("synced_gpus",)
 # where the head is read from: the same loading arguments as the repo's code
 _LOADING_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download", "proxies", "subfolder")
 
@@ -112,6 +112,7 @@ def custom_generate(
     for name in _IGNORED_WHEN_UNSET:
         if kwargs.pop(name, None):
             raise TypeError(f"generate(custom_generate=<MRP head>) does not support {name}=True: remove it.")
+    kwargs.pop("use_model_defaults", None)  # transformers 4.x: the model's defaults are always the starting point here
     # 2. the head's location and how to read it
     loading = {name: kwargs.pop(name) for name in _LOADING_KWARGS if kwargs.get(name) is not None}
     kwargs.pop("trust_remote_code", None)
