@@ -340,11 +340,10 @@ class DecodingEngine:
         if read[-1]:
             state.guard.check()  # raises, naming the model part
         if any(read[:-1]):
-            keep = [i for i, done in enumerate(read[:-1]) if not done]
-            keep_index = torch.tensor(keep, dtype=torch.long, device=device)
+            keep = torch.tensor([i for i, done in enumerate(read[:-1]) if not done], dtype=torch.long, device=device)
             if state.cache is not None and self.adapter.exact_prefix_cache:
-                select_cache_rows(state.cache, keep_index)
-            state.active = active[keep_index]
+                select_cache_rows(state.cache, keep)
+            state.active = active[keep]
         if state.stream is not None:
             state.stream.block_done(state, end, active.tolist(), state.active.tolist())
 
