@@ -222,7 +222,7 @@ def test_streamer_gets_prompt_then_blocks(models):
     ids = torch.tensor([[5, 17, 33, 9]])
     seq = model.generate(ids, max_new_tokens=8, block_length=4, streamer=rec)
     assert rec.chunks[0] == [[5, 17, 33, 9]]
-    assert rec.chunks[1] + rec.chunks[2] == seq[0, 4:].tolist()
+    assert rec.chunks[1][0] + rec.chunks[2][0] == seq[0, 4:].tolist()  # [batch, tokens], as transformers streams
     assert rec.ended
 
 

@@ -53,8 +53,10 @@ def test_head_is_trainable_and_attention_follows_the_mask(sdar):
 def test_save_writes_only_head_weights_and_auto_classes_load_it(sdar, tmp_path):
     head, adapter = head_for(sdar[1], base_model_name_or_path=str(sdar[0]))
     head.save_pretrained(tmp_path / "head")
-    files = sorted(p.name for p in (tmp_path / "head").iterdir())
-    assert files == ["config.json", "model.safetensors"]
+    files = sorted(str(p.relative_to(tmp_path / "head")) for p in (tmp_path / "head").rglob("*") if p.is_file())
+    # weights, config, and the small code files its auto_map and custom_generate need (mrp_hf/hub.py)
+    assert files == ["config.json", "configuration_mrp.py", "custom_generate/generate.py",
+                     "custom_generate/requirements.txt", "model.safetensors", "modeling_mrp.py"]
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / "head" / "model.safetensors"), "pt") as f:
@@ -149,7 +151,8 @@ def test_push_to_hub_sends_exactly_the_head_files_and_a_model_card(sdar, monkeyp
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     head.push_to_hub("me/sdar-tiny-mrp")
     assert sent["repo"] == "me/sdar-tiny-mrp"
-    assert sorted(sent["files"]) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(sent["files"]) == ["README.md", "config.json", "configuration_mrp.py", "custom_generate/generate.py",
+                                     "custom_generate/requirements.txt", "model.safetensors", "modeling_mrp.py"]
     card = head.model_card()
     for text in ("base_model: org/sdar-tiny", "chat.jsonl (1000 samples)", "| training steps | 300 |", "0.6100", "0.4200"):
         assert text in card

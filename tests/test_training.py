@@ -303,7 +303,9 @@ def test_resume_after_interruptions_gives_the_same_weights(backbones, tmp_path):
         assert torch.equal(value, resumed.state_dict()[name]), name
     straight, interrupted = (json.loads((p / "training_metrics.json").read_text()) for p in (tmp_path / "straight", out))
     assert straight["history"] == interrupted["history"]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "training_metrics.json"]
+    # the head's files (with the code files its auto_map and custom_generate/ need) and the metrics, no checkpoints
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "configuration_mrp.py", "custom_generate",
+                                                     "model.safetensors", "modeling_mrp.py", "training_metrics.json"]
 
 
 @pytest.mark.slow
@@ -342,7 +344,9 @@ def test_cli_trains_and_the_output_loads_as_an_mrp_model(backbones, data_file, t
         "--eval-fraction", "0.02", "--no-progress", "--seed", "1",
     ])
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "training_metrics.json"]
+    # the head's files (with the code files its auto_map and custom_generate/ need) and the metrics, no checkpoints
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "configuration_mrp.py", "custom_generate",
+                                                     "model.safetensors", "modeling_mrp.py", "training_metrics.json"]
     model = MRPModel.from_pretrained(str(out), trust_remote_code=True)
     config = model.head.config
     assert model.adapter.family == "sdar" and config.base_model_name_or_path == str(backbones["sdar"])

@@ -43,6 +43,11 @@ from mrp_hf.training.checkpoint import find_checkpoint
 VOCAB = 128  # the stand-ins' vocabulary
 
 
+# a finished head folder: the head's files (with the code files its auto_map and custom_generate/ need), the metrics
+HEAD_FOLDER = ["config.json", "configuration_mrp.py", "custom_generate", "model.safetensors", "modeling_mrp.py",
+               "training_metrics.json"]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     threads = torch.get_num_threads()
@@ -239,7 +244,7 @@ def test_a_new_run_refuses_a_folder_holding_a_checkpoint(backbone, straight, tmp
     head = train_head(str(backbone), RECORDS, out, config=config(overwrite=True), on_step_end=count)
     assert steps == [1, 2, 3, 4, 5, 6]
     assert_same_weights(head, straight)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "training_metrics.json"]
+    assert sorted(p.name for p in out.iterdir()) == HEAD_FOLDER
 
 
 def test_a_new_run_refuses_a_finished_head_and_other_files(backbone, tmp_path, capsys):
@@ -379,7 +384,7 @@ def test_a_full_disk_while_saving_the_head_loses_no_step(backbone, straight, tmp
     head = train_head(str(backbone), str(write_records(tmp_path)), out, config=config(resume=True), on_step_end=count)
     assert steps == []  # the head is written from the final checkpoint, nothing is retrained
     assert_same_weights(head, straight)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "training_metrics.json"]
+    assert sorted(p.name for p in out.iterdir()) == HEAD_FOLDER
 
 
 def write_records(tmp_path):

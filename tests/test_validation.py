@@ -309,9 +309,11 @@ def test_other_bad_generate_arguments(llada, kwargs, message):
         llada.generate(PROMPT, **{"max_new_tokens": 8, **kwargs})
 
 
-def test_streamer_needs_batch_size_one(llada, folders):
+def test_text_streamer_refuses_a_batch_itself(llada, folders):
+    """Batches go to the streamer as they are (a streamer of your own may take them); transformers' TextStreamer
+    refuses them with its own message."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folders["llada"]), trust_remote_code=True)
-    with pytest.raises(ValueError, match="batch size 1 only, got a batch of 2"):
+    with pytest.raises(ValueError, match="TextStreamer only supports batch size 1"):
         llada.generate(PROMPT.repeat(2, 1), max_new_tokens=8, streamer=TextStreamer(tokenizer))
 
 
@@ -383,7 +385,8 @@ def test_default_config_round_trip(tmp_path):
 
 def test_plain_generation_config_keeps_only_token_ids(tmp_path):
     """A remote-code DLM's generation_config.json (Dream ships temperature=0.2, top_p=0.95) was written for
-    the family's own sampler: only its token ids are kept; decoding stays greedy with our defaults."""
+    the family's own sampler: only its token ids and max_new_tokens are kept; decoding stays greedy with our
+    defaults."""
     shipped = {
         "bos_token_id": EOS_ID,
         "eos_token_id": EOS_ID,
@@ -401,16 +404,16 @@ def test_plain_generation_config_keeps_only_token_ids(tmp_path):
     built = build_generation_config(plain)
     assert (built.eos_token_id, built.pad_token_id, built.mask_token_id) == (EOS_ID, 124, MASK_ID)
     assert built.temperature == 0.0 and not built.do_sample and not built.is_sampling
-    assert built.top_p is None and built.steps is None and built.max_new_tokens == 128
+    assert built.top_p is None and built.steps is None
+    assert built.max_new_tokens == 512  # a length default is the backbone's to give
     assert built.block_length is None and built.threshold is None and built.mrp_mode == "off"
 
 
 def test_plain_generation_config_through_generate(folders, tmp_path):
     """The same through a model: the backbone's own generation config gives eos/pad, not its sampler."""
-    model = MRPModel.from_backbone_pretrained(str(folders["sdar"]), trust_remote_code=True)
-    model.backbone.generation_config = GenerationConfig(
-        eos_token_id=EOS_ID, pad_token_id=124, temperature=0.2, top_p=0.95
-    )
+    backbone = MRPModel.from_backbone_pretrained(str(folders["sdar"]), trust_remote_code=True).backbone
+    backbone.generation_config = GenerationConfig(eos_token_id=EOS_ID, pad_token_id=124, temperature=0.2, top_p=0.95)
+    model = MRPModel.from_backbone(backbone)  # its generation_config starts from the backbone's
     greedy = model.generate(PROMPT, max_new_tokens=8)
     assert torch.equal(greedy, model.generate(PROMPT, max_new_tokens=8, temperature=0.0))  # not sampled
     # EOS stops a row; what follows its first EOS is the config's pad token

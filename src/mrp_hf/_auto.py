@@ -6,7 +6,8 @@ imported. So:
 
 - the config types (`"mrp"`, `"mrp_reference_dlm"`) are registered with `AutoConfig` right after transformers
   imports its `configuration_auto` module (an import hook that fires once), or at once when it already has;
-- the model classes are registered with `AutoModel` (and `AutoModelForMaskedLM` for the reference DLM) when
+- the model classes are registered with `AutoModel`, `AutoModelForCausalLM` (the head: `MRPModel`, backbone + head
+  + decoding) and `AutoModelForMaskedLM` (the reference DLM) when
   one of those configs is first built: a model is only looked up from a config, and by then transformers is fully
   imported (registering from inside transformers' own import chain could meet half-initialised modules).
 """
@@ -35,23 +36,25 @@ def register_configs() -> None:
 
 
 def register_models() -> None:
-    """`AutoModel` -> `MRPHead` for "mrp" configs; `AutoModel`/`AutoModelForMaskedLM` -> `ReferenceDLM`. Called
-    when an MRP or reference config is built (once)."""
+    """`AutoModel` -> `MRPHead` and `AutoModelForCausalLM` -> `MRPModel` (backbone + head + decoding) for "mrp"
+    configs; `AutoModel`/`AutoModelForMaskedLM` -> `ReferenceDLM`. Called when an MRP or reference config is built
+    (once)."""
     global _models_registered
     if _models_registered:
         return
     with _lock:
         if _models_registered:
             return
-        from transformers import AutoModel, AutoModelForMaskedLM
+        from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
         from .configuration_mrp import MRPConfig
-        from .modeling_mrp import MRPHead
+        from .modeling_mrp import MRPHead, MRPModel
         from .reference.configuration_reference import ReferenceDLMConfig
         from .reference.modeling_reference import ReferenceDLM
 
         register_configs()
         AutoModel.register(MRPConfig, MRPHead, exist_ok=True)
+        AutoModelForCausalLM.register(MRPConfig, MRPModel, exist_ok=True)
         AutoModel.register(ReferenceDLMConfig, ReferenceDLM, exist_ok=True)
         AutoModelForMaskedLM.register(ReferenceDLMConfig, ReferenceDLM, exist_ok=True)
         _models_registered = True

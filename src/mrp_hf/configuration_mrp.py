@@ -8,6 +8,7 @@ import torch
 from transformers import PretrainedConfig
 
 from ._auto import register_models
+from .hub import AUTO_MAP
 
 # Rows of the embedding / lm_head sampled by the fingerprint: spread over the vocabulary, fixed forever.
 _FINGERPRINT_ROWS = 16
@@ -85,6 +86,9 @@ class MRPConfig(PretrainedConfig):
         self.attention = attention
         self.backbone_fingerprint = backbone_fingerprint
         self.training = training or {}
+        # transformers resolves a head folder through these (with trust_remote_code=True) without `import mrp_hf`;
+        # the head's save_pretrained writes the code files they name (mrp_hf/hub.py)
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))
         super().__init__(**kwargs)
         self._check_sizes()
         register_models()  # AutoModel -> MRPHead, now that a config exists (mrp_hf/_auto.py)
@@ -111,6 +115,12 @@ class MRPConfig(PretrainedConfig):
             )
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 1):
             raise ValueError(f"MRPConfig.vocab_size={self.vocab_size!r} must be a positive int or None.")
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoConfig") -> None:
+        """Does nothing: `auto_map` is set by `__init__` and the code files are written by the head's
+        `save_pretrained`. transformers calls this after loading the class through `auto_map`; registering would
+        make the next `save_pretrained` copy mrp-hf's own source file into the folder."""
 
     @classmethod
     def for_backbone(cls, adapter, base_model_name_or_path: str | None = None, **overrides: Any) -> MRPConfig:

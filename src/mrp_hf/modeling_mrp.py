@@ -6,22 +6,26 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, LlamaConfig, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.utils import logging
 
 from .backbones import BackboneAdapter, get_adapter, load_backbone, resolve_adapter_class
 from .backbones.loading import HUB_KWARGS as _HUB_KWARGS
 from .configuration_mrp import MRPConfig
-from .generation.config import _DEFAULTS, MRPGenerationConfig, build_generation_config
+from .generation.config import (
+    _DEFAULTS,
+    HEAD_DEFAULT_FIELDS,
+    MRPGenerationConfig,
+    build_generation_config,
+    resolve_generate_config,
+)
 from .generation.engine import DecodingEngine, MRPGenerateOutput
 
 logger = logging.get_logger(__name__)
 
-# generate()'s keyword arguments: our fields and the token ids; other GenerationConfig fields would be ignored
-_GENERATE_KWARGS = (set(_DEFAULTS) - {"mask_token_id"}) | {
-    "max_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id", "do_sample", "num_beams", "num_return_sequences",
-}
+# arguments transformers' Auto classes pass to a model class's from_pretrained that mean nothing to MRPModel
+_AUTO_CLASS_ARGUMENTS = ("_from_auto", "_from_pipeline", "adapter_kwargs", "_commit_hash", "code_revision")
 
 
 class MRPHead(PreTrainedModel):
@@ -64,17 +68,47 @@ class MRPHead(PreTrainedModel):
         self.out_proj = nn.Linear(width, config.hidden_size, bias=False) if width != config.hidden_size else None
         self.post_init()
         self.zero_output()
+        #: decoding defaults this head ships (its repo's generation_config.json): `MRPGenerationConfig` fields such
+        #: as mrp_mode, mrp_draft_tokens, threshold, block_length; generate() starts from them
+        self.decoding_defaults: dict[str, Any] = {}
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoModel") -> None:
+        """Does nothing: the head's `auto_map` and code files are written by `save_pretrained` (`mrp_hf/hub.py`).
+        transformers calls this after loading the class through `auto_map`; registering would make the next
+        `save_pretrained` copy mrp-hf's own source file (with its package-relative imports) into the folder."""
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args: Any, **kwargs: Any) -> MRPHead:
         """Load a head (safetensors only), strictly: the config's sizes are checked, and the weights file must
         hold exactly the tensors this config builds, with their shapes, before any weight is allocated (a
-        missing tensor would otherwise be initialised at random and silently change the output)."""
+        missing tensor would otherwise be initialised at random and silently change the output). The decoding
+        defaults of the head's generation_config.json, if it has one, go to `decoding_defaults`."""
         if kwargs.get("use_safetensors") is False:
             raise ValueError("MRP heads load from safetensors only (a pickle can run code); drop use_safetensors=False.")
         kwargs["use_safetensors"] = True
         _check_head_weights(cls, pretrained_model_name_or_path, kwargs)
-        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        head = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        head.decoding_defaults = _saved_decoding_defaults(pretrained_model_name_or_path, kwargs)
+        return head
+
+    def save_pretrained(self, save_directory, *args: Any, **kwargs: Any) -> None:
+        """`PreTrainedModel.save_pretrained` (config.json with `auto_map`, model.safetensors), then the code files
+        `auto_map` names and `custom_generate/` (`mrp_hf/hub.py`), and generation_config.json when the head has
+        `decoding_defaults`."""
+        from .hub import write_head_code
+
+        decoding = MRPGenerationConfig(**self.decoding_defaults) if self.decoding_defaults else None  # validated first
+        unknown = sorted(set(self.decoding_defaults) - set(HEAD_DEFAULT_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"decoding_defaults has fields a head cannot ship: {unknown}; a head's defaults are among "
+                f"{list(HEAD_DEFAULT_FIELDS)} (token ids and lengths come from the backbone)."
+            )
+        super().save_pretrained(save_directory, *args, **kwargs)
+        write_head_code(save_directory)
+        if decoding is not None:
+            decoding.save_pretrained(save_directory)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -150,7 +184,7 @@ class MRPHead(PreTrainedModel):
         create_pr: bool = False,
         **_: Any,
     ):
-        """Upload the head's files (config.json, model.safetensors) and a generated model card, never the backbone."""
+        """Upload the head's files (those `save_pretrained` writes) and a generated model card, never the backbone."""
         import os
         import tempfile
 
@@ -162,9 +196,12 @@ class MRPHead(PreTrainedModel):
             self.save_pretrained(folder)
             with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as handle:
                 handle.write(self.model_card(repo_id))
+            names = sorted(
+                os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
+                for parent, _, files in os.walk(folder) for name in files
+            )  # custom_generate/ is a subfolder
             operations = [
-                CommitOperationAdd(path_in_repo=name, path_or_fileobj=os.path.join(folder, name))
-                for name in sorted(os.listdir(folder))
+                CommitOperationAdd(path_in_repo=name, path_or_fileobj=os.path.join(folder, name)) for name in names
             ]
             return api.create_commit(
                 repo_id=repo_id, operations=operations, commit_message=commit_message, revision=revision, create_pr=create_pr
@@ -197,19 +234,37 @@ class MRPHead(PreTrainedModel):
         return z.to(lm_head_input.dtype)
 
 
-class MRPModel(nn.Module):
-    """A diffusion LM backbone wrapped with the project's decoding engine.
+class MRPModel(PreTrainedModel, GenerationMixin):
+    """A diffusion LM backbone wrapped with the project's decoding engine (and an MRP head, when it has one).
 
-    Build it with `MRPModel.from_backbone(model)` for a model already in memory, or
-    `MRPModel.from_backbone_pretrained(repo_or_path, ...)` to load one. Without a head only
-    `mrp_mode="off"` (the backbone's own static / dynamic decoding) is available.
+    `AutoModelForCausalLM.from_pretrained(head_repo)` builds one (its `config` is the head's `MRPConfig`), and so do
+    `MRPModel.from_pretrained(head_repo_or_path, backbone=None)`, `MRPModel.from_backbone(model, head=None)` for a
+    model already in memory and `MRPModel.from_backbone_pretrained(repo_or_path, ...)`. Without a head only
+    `mrp_mode="off"` (the backbone's own static / dynamic decoding) is available. It follows transformers'
+    generation conventions: `generation_config` (an `MRPGenerationConfig`: the backbone's generation_config.json,
+    then the head's decoding defaults), `can_generate()`, `generation_config_class`; `save_pretrained` and
+    `push_to_hub` write the head only (PEFT-style), never the backbone.
     """
 
-    def __init__(self, backbone: nn.Module, adapter: BackboneAdapter, head: nn.Module | None = None):
-        super().__init__()
+    config_class = MRPConfig
+    generation_config_class = MRPGenerationConfig
+    base_model_prefix = "backbone"
+    main_input_name = "input_ids"
+    _supports_sdpa = True
+
+    def __init__(self, backbone: nn.Module, adapter: BackboneAdapter, head: nn.Module | None = None,
+                 config: MRPConfig | None = None):
+        if config is None:
+            config = head.config if isinstance(head, MRPHead) else _headless_config(adapter)
+        super().__init__(config)
         self.backbone = backbone
         self.adapter = adapter
         self.head = head
+        self.generation_config = model_generation_config(backbone, head)
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoModelForCausalLM") -> None:
+        """Does nothing, as `MRPHead.register_for_auto_class` (the head's `save_pretrained` writes the code files)."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -242,6 +297,7 @@ class MRPModel(nn.Module):
     def from_pretrained(
         cls,
         head_name_or_path: str,
+        *model_args: Any,
         backbone: nn.Module | None = None,
         strict: bool = True,
         revision: str | None = None,
@@ -252,15 +308,30 @@ class MRPModel(nn.Module):
         """Load an MRP head (safetensors + config only) and attach it to its backbone.
 
         With no `backbone`, the base model named in the head's config is loaded with `backbone_kwargs`
-        (`torch_dtype`, `device_map`, `trust_remote_code`, ...), at the recorded revision, plus the PEFT
-        adapter the config names. A base model recorded as a relative path must lie beside the head folder
-        (inside the folder that holds it), and a head from the Hub must name its base model by Hub id. The
-        backbone is then checked against the head (`from_backbone`): family, vocab, hidden size, mask id and
-        weight fingerprint, each derived from the backbone itself; a mismatch raises `ValueError` naming both
-        values; with `strict=False` a fingerprint mismatch is only a warning.
+        (`torch_dtype` / `dtype`, `device_map`, `trust_remote_code`, ...), at the revision the head records
+        (`revision` is the head's own), plus the PEFT adapter the config names. A base model recorded as a
+        relative path must lie beside the head folder (inside the folder that holds it), and a head from the Hub
+        must name its base model by Hub id. The backbone is then checked against the head (`from_backbone`):
+        family, vocab, hidden size, mask id and weight fingerprint, each derived from the backbone itself; a
+        mismatch raises `ValueError` naming both values; with `strict=False` a fingerprint mismatch is only a
+        warning. This is also what `AutoModelForCausalLM.from_pretrained(head)` runs.
         """
-        hub_kwargs = {k: backbone_kwargs[k] for k in _HUB_KWARGS if k in backbone_kwargs}
-        head = MRPHead.from_pretrained(head_name_or_path, revision=revision, **hub_kwargs)
+        if len(model_args) == 1 and backbone is None and isinstance(model_args[0], nn.Module):
+            backbone, model_args = model_args[0], ()  # from_pretrained(head, backbone), as before it was a PreTrainedModel
+        if model_args:
+            raise TypeError(
+                f"MRPModel.from_pretrained takes the head and optionally the backbone as positional arguments, got "
+                f"{len(model_args) + 1}; pass the rest by keyword."
+            )
+        for name in _AUTO_CLASS_ARGUMENTS:
+            backbone_kwargs.pop(name, None)
+        head_kwargs = {k: backbone_kwargs[k] for k in _HUB_KWARGS if k in backbone_kwargs}
+        for name in ("config", "subfolder", "use_safetensors"):  # the head's, not the backbone's
+            if name in backbone_kwargs:
+                head_kwargs[name] = backbone_kwargs.pop(name)
+        if "dtype" in backbone_kwargs:  # transformers 5's name for torch_dtype
+            backbone_kwargs.setdefault("torch_dtype", backbone_kwargs.pop("dtype"))
+        head = MRPHead.from_pretrained(head_name_or_path, revision=revision, **head_kwargs)
         config = head.config
         if backbone is None:
             if not config.base_model_name_or_path:
@@ -276,7 +347,8 @@ class MRPModel(nn.Module):
             if config.peft_adapter_id:
                 from peft import PeftModel
 
-                backbone = PeftModel.from_pretrained(backbone, config.peft_adapter_id, **hub_kwargs)
+                backbone = PeftModel.from_pretrained(backbone, config.peft_adapter_id,
+                                                     **{k: v for k, v in head_kwargs.items() if k in _HUB_KWARGS})
         model = cls.from_backbone(
             backbone, head=head, backbone_family=backbone_family, mask_token_id=mask_token_id, strict=strict
         )
@@ -300,40 +372,67 @@ class MRPModel(nn.Module):
             backbone, backbone_family=backbone_family, mask_token_id=mask_token_id if mask_token_id is not None else found_mask_id
         )
 
+    # ------------------------------------------------------------------ the model
     @property
     def device(self) -> torch.device:
         return self.adapter.get_input_embeddings().weight.device
 
-    @property
-    def generation_config(self) -> GenerationConfig | None:
-        return getattr(self.backbone, "generation_config", None)
+    def get_input_embeddings(self) -> nn.Module:
+        return self.adapter.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.adapter.get_output_embeddings()
+
+    def forward(self, *args: Any, **kwargs: Any):
+        """The backbone's own forward (e.g. for log-likelihoods); decoding is `generate`."""
+        return self.backbone(*args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args: Any, **kwargs: Any) -> None:
+        """Save the head (`MRPHead.save_pretrained`), never the backbone: a head repo names its base model."""
+        self._saved_head().save_pretrained(save_directory, *args, **kwargs)
+
+    def push_to_hub(self, repo_id: str, *args: Any, **kwargs: Any):
+        """Upload the head (`MRPHead.push_to_hub`), never the backbone."""
+        return self._saved_head().push_to_hub(repo_id, *args, **kwargs)
+
+    def _saved_head(self) -> MRPHead:
+        if not isinstance(self.head, MRPHead):
+            raise ValueError(
+                "This MRPModel has no MRP head to save; save the backbone with model.backbone.save_pretrained(...)."
+            )
+        return self.head
 
     # ------------------------------------------------------------------ generate
     @torch.no_grad()
     def generate(
         self,
-        input_ids: torch.LongTensor,
+        input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         generation_config: GenerationConfig | None = None,
         streamer=None,
-        return_dict_in_generate: bool = False,
+        logits_processor=None,
+        stopping_criteria=None,
         **kwargs: Any,
     ) -> torch.LongTensor | MRPGenerateOutput:
         """Decode the answer after each (left-padded) prompt.
 
         Steps:
-            1. Build the `MRPGenerationConfig`: the backbone's generation config (its token ids; all of it
-               if it is an `MRPGenerationConfig`), then `generation_config`, then keyword arguments; validate.
+            1. Build the `MRPGenerationConfig`: `self.generation_config` (the backbone's generation_config.json,
+               then the head's decoding defaults), then `generation_config`, then keyword arguments; validate.
+               One rule for both places: a field outside `GENERATE_FIELDS` is refused with a TypeError.
             2. Build the block decoder of `mrp_mode` from the mode registry (`generation/modes.py`; `"off"`:
                static, or dynamic when `threshold` is set); modes that need a head refuse to run without one.
             3. Run the block loop (`DecodingEngine.run`): canvas and positions; per block, backbone
-               forward, proposals, reveals; per-row EOS stop; streamer.
+               forward, proposals (after `logits_processor`), reveals; per-row EOS and `stopping_criteria` stop;
+               streamer (drafts through `put_draft`, confirmed tokens through `put`).
             4. Return `sequences` ([batch, prompt_len + max_new_tokens]), or with
                `return_dict_in_generate=True` an `MRPGenerateOutput` with `sequences` and `stats`.
 
         Keyword arguments are `MRPGenerationConfig` fields: `max_new_tokens`, `block_length`, `steps`,
         `tokens_per_step`, `threshold`, `confidence`, `temperature`, `top_k`, `top_p`, `seed`,
-        `prefix_cache`, `mrp_mode`, `mrp_draft_tokens`, `eos_token_id`, `pad_token_id`.
+        `prefix_cache`, `mrp_mode`, `mrp_draft_tokens`, `eos_token_id`, `pad_token_id`,
+        `return_dict_in_generate`, ... (`mrp_hf.generation.config.GENERATE_FIELDS`). `inputs` is taken as
+        transformers' name for `input_ids`.
         """
         # 1. configuration
         if "mask_token_id" in kwargs:
@@ -341,29 +440,44 @@ class MRPModel(nn.Module):
                 f"generate() does not take mask_token_id: the mask id is fixed when the model is built (now "
                 f"{self.adapter.mask_token_id}); pass it to MRPModel.from_backbone(...) or from_backbone_pretrained(...)."
             )
-        unknown = set(kwargs) - _GENERATE_KWARGS
-        if unknown:
-            raise TypeError(
-                f"generate() got unknown arguments {sorted(unknown)}; it takes the MRPGenerationConfig fields "
-                f"{sorted(_GENERATE_KWARGS)}."
-            )
-        if generation_config is not None and not isinstance(generation_config, GenerationConfig):
-            raise TypeError(
-                f"generation_config must be a transformers GenerationConfig (e.g. MRPGenerationConfig(...)), got "
-                f"{type(generation_config).__name__}; pass its fields as keyword arguments instead."
-            )
-        config = build_generation_config(self.generation_config)
-        if generation_config is not None:
-            config = build_generation_config(config, **_explicit_fields(generation_config))
-        if kwargs:
-            config = build_generation_config(config, **kwargs)
+        if input_ids is None:
+            input_ids = kwargs.pop("inputs", None)
+        config = resolve_generate_config(self.generation_config, generation_config, kwargs)
         # 2. the mode's block decoder (generation/modes.py) and 3. the block loop (the engine validates the prompt
         # and moves it to the model's device)
-        output = DecodingEngine(self.adapter, config, head=self.head).run(
-            input_ids, attention_mask, streamer=streamer
-        )
+        engine = DecodingEngine(self.adapter, config, head=self.head, logits_processor=logits_processor,
+                                stopping_criteria=stopping_criteria)
+        output = engine.run(input_ids, attention_mask, streamer=streamer)
         # 4. output
-        return output if return_dict_in_generate else output.sequences
+        return output if config.return_dict_in_generate else output.sequences
+
+
+def model_generation_config(backbone: nn.Module, head: nn.Module | None) -> MRPGenerationConfig:
+    """A wrapped model's decoding defaults: the backbone's generation config (all of an MRP one; the token ids and
+    max_new_tokens of another), then the head's `decoding_defaults` (its repo's generation_config.json)."""
+    config = build_generation_config(getattr(backbone, "generation_config", None))
+    decoding = getattr(head, "decoding_defaults", None)
+    return build_generation_config(config, **decoding) if decoding else config
+
+
+def _headless_config(adapter: BackboneAdapter) -> MRPConfig:
+    """The config of an MRPModel without a head: the backbone's identity, no head layers to speak of."""
+    return MRPConfig(
+        hidden_size=adapter.hidden_size, num_attention_heads=1, vocab_size=adapter.vocab_size,
+        mask_token_id=adapter.mask_token_id, backbone_family=adapter.family,
+        base_model_name_or_path=getattr(adapter.config, "_name_or_path", None) or None,
+    )
+
+
+def _saved_decoding_defaults(name_or_path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The decoding defaults of a head's generation_config.json (the fields it sets among `HEAD_DEFAULT_FIELDS`,
+    validated), or {} when it has none."""
+    location = {k: kwargs[k] for k in (*_HUB_KWARGS, "revision", "subfolder") if kwargs.get(k) is not None}
+    try:
+        saved = MRPGenerationConfig.from_pretrained(name_or_path, **location)
+    except OSError:
+        return {}
+    return {k: getattr(saved, k) for k in HEAD_DEFAULT_FIELDS if getattr(saved, k) != _DEFAULTS[k]}
 
 
 def _base_model_location(base: str, head_name_or_path: str) -> str:
@@ -524,8 +638,3 @@ def attach(backbone: nn.Module, head: MRPHead | None = None, strict: bool = True
     backbone.generate = model.generate
     return backbone
 
-
-def _explicit_fields(config: GenerationConfig) -> dict[str, Any]:
-    if isinstance(config, MRPGenerationConfig):
-        return {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
-    return config.to_diff_dict() if hasattr(config, "to_diff_dict") else config.to_dict()

@@ -98,6 +98,8 @@ class BlockContext:
         else:
             state.canvas[state.active, self.start : self.end] = ids
             state.committed[state.active] += revealed
+        if state.stream is not None:  # a draft of the answer so far, for streamers that show them
+            state.stream.draft(state, self.end)
 
     def raise_if_stalled(self, stalled: torch.Tensor, confidence: torch.Tensor) -> None:
         """Rows with masked positions that revealed nothing would loop for ever (NaN logits are the usual cause)."""

@@ -39,6 +39,15 @@ _DEFAULTS: dict[str, Any] = {
     "group_by_prompt_length": None,  # None: only where the attention ignores padding (LLaDA)
     "mask_token_id": None,
 }
+#: the fields a head repo's generation_config.json may set as decoding defaults (token ids and lengths belong to
+#: the backbone and its tokenizer)
+HEAD_DEFAULT_FIELDS = tuple(name for name in _DEFAULTS if name != "mask_token_id")
+#: what generate() takes, as keyword arguments or as fields of a `generation_config`, with one rule: anything else is
+#: refused the same way from either place. `mask_token_id` is fixed when the model is built.
+GENERATE_FIELDS = frozenset(set(HEAD_DEFAULT_FIELDS) | {
+    "max_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id", "do_sample", "num_beams", "num_return_sequences",
+    "return_dict_in_generate",
+})
 
 
 class MRPGenerationConfig(GenerationConfig):
@@ -177,6 +186,23 @@ class MRPGenerationConfig(GenerationConfig):
     def is_sampling(self) -> bool:
         return self.temperature > 0
 
+    def to_diff_dict(self) -> dict[str, Any]:
+        """What `save_pretrained` writes: greedy decoding is written as `temperature: null` (read back as 0), so that
+        transformers' own `GenerationConfig` loading the file (a backbone's, a head repo's) finds no sampling flag
+        set without `do_sample` and does not warn that "generation flags are not valid"."""
+        fields = super().to_diff_dict()
+        if not self.is_sampling:
+            fields["temperature"] = None
+        return fields
+
+    @classmethod
+    def from_model_config(cls, model_config) -> MRPGenerationConfig:
+        """transformers builds a model's default generation config from its model config: only the token ids carry
+        over (a model config's other fields are no decoding settings)."""
+        source = model_config if isinstance(model_config, dict) else model_config.to_dict()
+        ids = {k: source[k] for k in ("eos_token_id", "pad_token_id", "bos_token_id", "mask_token_id") if source.get(k) is not None}
+        return cls(**ids)
+
 
 def _real(name: str, value: Any, hint: str) -> None:
     """A finite real number (not a bool, a string or NaN)."""
@@ -204,22 +230,70 @@ def _positive_int(name: str, value: Any, hint: str = "") -> None:
 def build_generation_config(base: GenerationConfig | None, **overrides: Any) -> MRPGenerationConfig:
     """Merge a model's generation config with call-time overrides.
 
-    A model that ships an `MRPGenerationConfig` (e.g. the reference DLM) gives all its fields; a plain
-    `GenerationConfig` (remote-code DLMs) gives only its token ids, because its sampling defaults were
-    written for the family's own sampler, not ours.
+    A model that ships an `MRPGenerationConfig` (e.g. the reference DLM) gives all its fields, and so does a plain
+    `GenerationConfig` read from such a file (the fields the file sets, not transformers' defaults: those differ
+    between 4.x and 5.x); any other plain `GenerationConfig` (remote-code DLMs) gives its token ids and its
+    `max_new_tokens`, because its sampling defaults were written for the family's own sampler, not ours.
     """
     fields: dict[str, Any] = {}
-    if base is not None:
-        base_dict = base.to_dict()
-        if base_dict.get("mrp_mode") is not None or isinstance(base, MRPGenerationConfig):
-            # do_sample is derived from the base's temperature; an override's do_sample is checked against it
-            fields.update({k: v for k, v in base_dict.items() if not k.startswith("_") and k != "do_sample"})
+    if isinstance(base, MRPGenerationConfig):
+        # do_sample is derived from the base's temperature; an override's do_sample is checked against it
+        fields.update({k: v for k, v in base.to_dict().items() if not k.startswith("_") and k != "do_sample"})
+    elif base is not None:
+        written = base.to_diff_dict()
+        if written.get("mrp_mode") is not None:
+            fields.update({k: v for k, v in written.items() if not k.startswith("_") and k != "do_sample"})
         else:
-            for key in ("eos_token_id", "pad_token_id", "mask_token_id"):
-                if base_dict.get(key) is not None:
-                    fields[key] = base_dict[key]
+            for key in ("eos_token_id", "pad_token_id", "mask_token_id", "max_new_tokens"):
+                if written.get(key) is not None:
+                    fields[key] = written[key]
     # an explicit None resets one of our fields (e.g. top_p=None undoes a model default); for the token ids
     # and other GenerationConfig fields None means "not given"
     fields.update({k: v for k, v in overrides.items() if v is not None or k in _DEFAULTS})
     fields.pop("transformers_version", None)
     return MRPGenerationConfig(**fields)
+
+
+def requested_fields(generation_config: GenerationConfig) -> dict[str, Any]:
+    """The fields a `generation_config` passed to generate() asks for: the generate fields of an
+    `MRPGenerationConfig` and the fields a `GenerationConfig` sets away from transformers' defaults. Its
+    `mask_token_id` is left out: the mask id is fixed when the model is built (a backbone's own generation config
+    passed here may carry it)."""
+    fields = GenerationConfig.to_diff_dict(generation_config)
+    if isinstance(generation_config, MRPGenerationConfig):
+        every = generation_config.to_dict()
+        fields.update({k: every[k] for k in GENERATE_FIELDS if k in every})
+    return {k: v for k, v in fields.items()
+            if not k.startswith("_") and k not in ("transformers_version", "mask_token_id")}
+
+
+def refuse_unsupported(fields: dict[str, Any], where: str) -> None:
+    """One rule for keyword arguments and generation_config fields: anything outside `GENERATE_FIELDS` is refused
+    (a TypeError naming it), never silently ignored."""
+    unknown = sorted(set(fields) - GENERATE_FIELDS)
+    if unknown:
+        raise TypeError(
+            f"generate() got unknown arguments {unknown} ({where}): masked-diffusion decoding does not use them; remove "
+            f"them. It takes the MRPGenerationConfig fields {sorted(GENERATE_FIELDS)}, plus logits_processor, "
+            f"stopping_criteria and streamer."
+        )
+
+
+def resolve_generate_config(
+    defaults: GenerationConfig | None, generation_config: GenerationConfig | None, kwargs: dict[str, Any]
+) -> MRPGenerationConfig:
+    """generate()'s settings: the model's defaults, then `generation_config`, then keyword arguments (validated)."""
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise TypeError(
+            f"generation_config must be a transformers GenerationConfig (e.g. MRPGenerationConfig(...)), got "
+            f"{type(generation_config).__name__}; pass its fields as keyword arguments instead."
+        )
+    config = build_generation_config(defaults)
+    if generation_config is not None:
+        fields = requested_fields(generation_config)
+        refuse_unsupported(fields, "set in generation_config")
+        config = build_generation_config(config, **fields)
+    if kwargs:
+        refuse_unsupported(kwargs, "as keyword arguments")
+        config = build_generation_config(config, **kwargs)
+    return config

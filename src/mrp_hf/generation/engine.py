@@ -19,6 +19,7 @@ from .packed import PackedPatterns, packed_forward
 from .sampling import TokenProposer, row_keys
 from .state import DecodingState, GenerationStats, MRPGenerateOutput, StatCounters
 from .strategies import BlockDecoder, DynamicStrategy, RevealStrategy, StaticStrategy
+from .streaming import AnswerStream
 
 logger = logging.get_logger(__name__)
 
@@ -40,15 +41,23 @@ class DecodingEngine:
           autoregressively (Fast-dLLM v2) get that forward and token first;
        b. propose a token and a confidence per position (`TokenProposer`);
        c. the block decoder picks the positions to reveal and commits them (`BlockContext`).
-    3. After each block: rows whose answer holds EOS, or whose last block is done, stop (the rest of their
-       answer becomes pad) and leave the batch and the cache; the block goes to the streamer.
+    3. After each block: rows whose answer holds EOS, whose `stopping_criteria` fire, or whose last block is done,
+       stop (the rest of their answer becomes pad) and leave the batch and the cache; the confirmed answer tokens
+       go to the streamer (drafts go to its `put_draft` after each commit, `generation/streaming.py`).
     4. Return the sequences (prompt + `max_new_tokens` answer tokens per row) and the stats.
+
+    `logits_processor` (a transformers `LogitsProcessorList`) is applied to every proposal's logits before the
+    confidence and the pick, with the scores of a block [rows, block length, vocab] (transformers' diffusion
+    convention) and `input_ids` = each row's canvas before the block (prompt and finished blocks): the same for the
+    head's drafts, the verifier and static decoding, so speculative decoding stays lossless.
     """
 
     def __init__(self, adapter: BackboneAdapter, config: MRPGenerationConfig, head: Any = None,
-                 block_decoder: BlockDecoder | None = None):
+                 block_decoder: BlockDecoder | None = None, logits_processor=None, stopping_criteria=None):
         self.adapter = adapter
         self.config = config
+        self.logits_processor = _as_list(logits_processor, "LogitsProcessorList")
+        self.stopping_criteria = _as_list(stopping_criteria, "StoppingCriteriaList")
         self.mask_id = adapter.mask_token_id
         self.alignment = self._resolve_alignment()
         self.block_length = self._resolve_block_length()
@@ -184,10 +193,14 @@ class DecodingEngine:
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, streamer=None) -> MRPGenerateOutput:
         prompt_mask = validate_prompt(input_ids, attention_mask, self.input_vocab_size, self.mask_id)
-        if streamer is not None and input_ids.shape[0] != 1:
-            raise ValueError(f"streamer works with batch size 1 only, got a batch of {input_ids.shape[0]}.")
         lengths = prompt_mask.sum(dim=1).tolist()
         groups = self._groups(lengths)
+        if streamer is not None and len(groups) > 1:
+            raise ValueError(
+                f"streamer: the {self.adapter.family} family decodes this batch in {len(groups)} groups of equal prompt "
+                f"length (its attention ignores padding), so it cannot stream the batch in order; stream one prompt at "
+                f"a time, or pass group_by_prompt_length=False."
+            )
         layouts = [self._plan([lengths[row] for row in rows]) for rows in groups]
         for layout in layouts:  # before anything is allocated
             self._check_positions(layout, input_ids.shape[1])
@@ -249,7 +262,8 @@ class DecodingEngine:
         # 1. canvas, attention mask and positions
         state = self._new_state(input_ids, prompt_mask, layout)
         if streamer is not None:
-            streamer.put(input_ids.cpu())
+            state.stream = AnswerStream(streamer, self.config.max_new_tokens, self._answers)
+            state.stream.prompt(input_ids)
         # 2. blocks: the block decoder (stepwise, or an MRP mode) fills each block
         for start, end in layout.blocks:
             if state.active.numel() == 0:
@@ -260,12 +274,12 @@ class DecodingEngine:
             if self.refresh_commits_block_start:
                 self._refresh_and_commit_block_start(state, start)
             self.block_decoder.decode_block(BlockContext(self, state, start, end))
-            # 3. EOS stop, streamer
-            self._finish_block(state, end, streamer, start)
+            # 3. EOS stop, stopping criteria, streamer
+            self._finish_block(state, end)
         # 4. sequences and stats
-        if streamer is not None:
-            streamer.end()
-        sequences = self._sequences(input_ids, state.canvas, state.answer_start)
+        if state.stream is not None:
+            state.stream.finish()
+        sequences = self._sequences(input_ids, state)
         return MRPGenerateOutput(sequences=sequences, stats=state.counters.finish())
 
     def _new_state(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor, layout: CanvasLayout) -> DecodingState:
@@ -284,6 +298,7 @@ class DecodingEngine:
             answer_start=layout.tensor("answer_start", device),
             answer_end=layout.tensor("answer_end", device),
             decode_end=layout.tensor("decode_end", device),
+            stop_column=torch.full((batch,), layout.length, dtype=torch.long, device=device),
         )
 
     def _row_keys(self, input_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
@@ -307,27 +322,30 @@ class DecodingEngine:
             canvas_mask[row, pads:decode_end] = 1
         return canvas, canvas_mask
 
-    def _finish_block(self, state: DecodingState, end: int, streamer, start: int) -> None:
-        """Step 3 after the block [start, end): count the rows' new tokens; rows whose answer holds an EOS or whose
-        last block is done leave the batch and the cache. One read of the device: the finished rows (and whether
-        a model part produced non-finite logits)."""
+    def _finish_block(self, state: DecodingState, end: int) -> None:
+        """Step 3 after the block ending at column `end`: count the rows' new tokens; rows whose answer holds an EOS,
+        whose stopping criteria fire, or whose last block is done leave the batch and the cache. One read of the
+        device: the finished rows (and whether a model part produced non-finite logits)."""
         active, device = state.active, state.canvas.device
         answer_start, answer_end = state.answer_start[active], state.answer_end[active]
         new_tokens = (answer_end.clamp_max(end) - answer_start).clamp(0, self.config.max_new_tokens)
         state.counters.row_new_tokens[active] = new_tokens
         finished = self._eos_rows(state.canvas[active], answer_start, end) | (state.decode_end[active] <= end)
+        if self.stopping_criteria:  # transformers' criteria see each row's ids so far (left-padded) and no scores
+            stopped = self.stopping_criteria(state.canvas[active, :end], None).to(device=device, dtype=torch.bool)
+            state.stop_column[active] = torch.where(stopped, end, state.stop_column[active])
+            finished = finished | stopped
         bad = state.guard.flag()
         read = torch.cat([finished, bad.view(1) if bad is not None else finished.new_zeros(1)]).tolist()  # the read
         if read[-1]:
             state.guard.check()  # raises, naming the model part
-        if streamer is not None:
-            self._stream_block(streamer, state.canvas[0], state.layout.answer_start[0], state.layout.answer_end[0],
-                               start, end)
         if any(read[:-1]):
             keep = torch.tensor([i for i, done in enumerate(read[:-1]) if not done], dtype=torch.long, device=device)
             if state.cache is not None and self.adapter.exact_prefix_cache:
                 select_cache_rows(state.cache, keep)
             state.active = active[keep]
+        if state.stream is not None:
+            state.stream.block_done(state, end, active.tolist(), state.active.tolist())
 
     def _eos_rows(self, rows_canvas: torch.Tensor, answer_start: torch.Tensor, end: int) -> torch.Tensor:
         """Bool [n]: rows whose answer up to column `end` holds an EOS."""
@@ -337,27 +355,20 @@ class DecodingEngine:
         is_eos = torch.isin(rows_canvas[:, :end], torch.tensor(self.eos_ids, device=rows_canvas.device))
         return (is_eos & (columns >= answer_start.unsqueeze(1))).any(dim=1)
 
-    def _sequences(self, input_ids: torch.Tensor, canvas: torch.Tensor, answer_start: torch.Tensor) -> torch.Tensor:
-        """The prompts as given, then each row's `max_new_tokens` answer tokens; after a row's first EOS, pad."""
-        new = self.config.max_new_tokens
-        columns = answer_start.unsqueeze(1) + torch.arange(new, device=canvas.device).unsqueeze(0)
-        answers = canvas.gather(1, columns)
+    def _answers(self, state: DecodingState, length: int) -> torch.Tensor:
+        """The first `length` answer tokens of every row [batch, length], as returned: pad after a row's first EOS
+        and from the column where its stopping criteria fired."""
+        columns = state.answer_start.unsqueeze(1) + torch.arange(length, device=state.canvas.device).unsqueeze(0)
+        answers = state.canvas.gather(1, columns)
+        cut = columns >= state.stop_column.unsqueeze(1)
         if self.eos_ids:
-            is_eos = torch.isin(answers, torch.tensor(self.eos_ids, device=canvas.device)).long()
-            after_eos = (is_eos.cumsum(dim=1) - is_eos) > 0
-            answers = answers.masked_fill(after_eos, self.pad_id)
-        return torch.cat([input_ids, answers], dim=1)
+            is_eos = torch.isin(answers, torch.tensor(self.eos_ids, device=answers.device)).long()
+            cut = cut | ((is_eos.cumsum(dim=1) - is_eos) > 0)
+        return answers.masked_fill(cut, self.pad_id)
 
-    def _stream_block(self, streamer, row: torch.Tensor, answer_start: int, answer_end: int, start: int, end: int):
-        """The answer tokens of the block just finished (pad after a first EOS, as in the returned sequences)."""
-        first, last = max(start, answer_start), min(end, answer_end)
-        if last <= first:
-            return
-        chunk = row[first:last]
-        if self.eos_ids:
-            is_eos = torch.isin(chunk, torch.tensor(self.eos_ids, device=chunk.device)).long()
-            chunk = chunk.masked_fill((is_eos.cumsum(0) - is_eos) > 0, self.pad_id)
-        streamer.put(chunk.cpu())
+    def _sequences(self, input_ids: torch.Tensor, state: DecodingState) -> torch.Tensor:
+        """The prompts as given, then each row's `max_new_tokens` answer tokens (pad after its EOS or stop)."""
+        return torch.cat([input_ids, self._answers(state, self.config.max_new_tokens)], dim=1)
 
     # ------------------------------------------------------------------ block-start rules of some families
     def _autoregressive_block_start(self, state: DecodingState, start: int) -> None:
@@ -475,6 +486,7 @@ class DecodingEngine:
         """Tokens and confidences for the block ([n, L], or [n, c, L] for logits [n, c, L, V] of c candidate
         states, with `committed` [n, c]); confidence is -inf where nothing is masked."""
         key, block_positions = self._draw_keys(state, start, end)
+        logits = self._processed(state, logits, start)
         if logits.dim() == 4:  # candidate states: each copy draws with its row's key at its own committed count
             n, copies = logits.shape[:2]
             tokens, confidence = self.proposer(
@@ -489,7 +501,20 @@ class DecodingEngine:
     def confidence_of(self, state: DecodingState, logits: torch.Tensor, tokens: torch.Tensor, start: int, end: int):
         """The proposer's confidence for given tokens of the block under other logits (e.g. head-corrected)."""
         key, block_positions = self._draw_keys(state, start, end)
+        logits = self._processed(state, logits, start)
         return self.proposer.confidence_of(logits, tokens, key, block_positions, state.committed[state.active].unsqueeze(1))
+
+    def _processed(self, state: DecodingState, logits: torch.Tensor, start: int) -> torch.Tensor:
+        """`logits_processor` over a block's logits [n, L, V] (or [n, c, L, V]), in float32; `input_ids` are the
+        active rows' canvas before the block, which no step inside the block changes."""
+        if not self.logits_processor:
+            return logits
+        input_ids = state.canvas[state.active, :start]
+        if logits.dim() == 4:
+            n, copies = logits.shape[:2]
+            scores = self.logits_processor(input_ids.repeat_interleave(copies, dim=0), logits.flatten(0, 1).float())
+            return scores.view(logits.shape)
+        return self.logits_processor(input_ids, logits.float())
 
     @staticmethod
     def _draw_keys(state: DecodingState, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -497,3 +522,13 @@ class DecodingEngine:
         key on (a row's answer position does not depend on where the batch put the row)."""
         columns = torch.arange(start, end, device=state.keys.device).unsqueeze(0)
         return state.keys[state.active].unsqueeze(1), columns - state.answer_start[state.active].unsqueeze(1)
+
+
+def _as_list(items, list_class: str):
+    """A transformers `LogitsProcessorList` / `StoppingCriteriaList` (a plain list is wrapped), or None if empty."""
+    if not items:
+        return None
+    import transformers
+
+    wrapper = getattr(transformers, list_class)
+    return items if isinstance(items, wrapper) else wrapper(items)

@@ -141,6 +141,10 @@ class DecodingState:
     decode_end: torch.Tensor
     guard: NonFiniteGuard = field(default_factory=NonFiniteGuard)
     block_forwards: int = 0  # backbone forwards spent on the current block so far
+    #: per row, the canvas column from which its answer is pad because a stopping criterion fired [batch]
+    stop_column: torch.Tensor | None = None
+    #: where the answer goes as it is decoded (`generation/streaming.py`), when generate() got a streamer
+    stream: Any = None
 
     @property
     def every_row_active(self) -> bool:

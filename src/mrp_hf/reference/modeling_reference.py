@@ -15,12 +15,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .._compat import output_with_cache
 from ..backbones.base import allowed_keys
+from ..generation.config import MRPGenerationConfig
 from .configuration_reference import ReferenceDLMConfig
 
 
@@ -108,8 +109,15 @@ class ReferenceDLMPreTrainedModel(PreTrainedModel):
             nn.init.ones_(module.weight)
 
 
-class ReferenceDLM(ReferenceDLMPreTrainedModel):
-    """The reference masked diffusion LM: `embed_tokens` -> layers -> `norm` -> `lm_head`."""
+class ReferenceDLM(ReferenceDLMPreTrainedModel, GenerationMixin):
+    """The reference masked diffusion LM: `embed_tokens` -> layers -> `norm` -> `lm_head`.
+
+    It has transformers' `GenerationMixin` (as Hub DLMs do) so that `generate(..., custom_generate=<MRP head>)`
+    works on it; its own autoregressive `generate` means nothing for a masked diffusion LM (decode it with
+    `mrp_hf.MRPModel` or through `custom_generate`). Its generation_config.json is an `MRPGenerationConfig`.
+    """
+
+    generation_config_class = MRPGenerationConfig  # read by transformers 5.x
 
     def __init__(self, config: ReferenceDLMConfig):
         super().__init__(config)
