@@ -322,8 +322,8 @@ def test_ddp_two_processes_resume_matches_uninterrupted(backbones, data_file, tm
 
     assert launch(tmp_path / "a").returncode == 0
     stopped = launch(tmp_path / "b", "--stop-after", "5")
-    assert stopped.returncode != 0 and sorted(p.name for p in (tmp_path / "b" / "checkpoint").glob("rng_state_*")) == [
-        "rng_state_0.pt", "rng_state_1.pt"
+    assert stopped.returncode != 0 and sorted(p.name for p in (tmp_path / "b" / "checkpoint").glob("*_state*_*")) == [
+        "data_rng_state_0.pt", "data_rng_state_1.pt", "random_states_0.pkl", "random_states_1.pkl"
     ]
     resumed = launch(tmp_path / "b", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

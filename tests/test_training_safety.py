@@ -21,6 +21,7 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
+import accelerate.utils.other as accelerate_io
 import pytest
 import torch
 from safetensors import SafetensorError
@@ -301,8 +302,8 @@ Usage = namedtuple("Usage", "total used free")
 
 
 def fail_on_write(monkeypatch, module_attr, file_name, error, nth=1, free=4096):
-    """Make the nth write of `file_name` through `module_attr` (torch.save / save_file in checkpoint.py) write
-    part of the file, then raise `error`; the disk reports `free` bytes free."""
+    """Make the nth write of `file_name` through `module_attr` (torch.save, or the safetensors writer that
+    accelerate's `save_state` uses) write part of the file, then raise `error`; the disk reports `free` bytes free."""
     real = getattr(*module_attr)
     calls = []
 
@@ -321,10 +322,10 @@ def fail_on_write(monkeypatch, module_attr, file_name, error, nth=1, free=4096):
 
 
 WRITE_FAILURES = {
-    "torch-enforce-fail": ((torch, "save"), "optimizer.pt", RuntimeError(TORCH_ENOSPC)),
-    "enospc": ((checkpoint_module, "save_file"), "head.safetensors", OSError(errno.ENOSPC, "No space left on device")),
+    "torch-enforce-fail": ((torch, "save"), "optimizer.bin", RuntimeError(TORCH_ENOSPC)),
+    "enospc": ((accelerate_io, "safe_save_file"), "model.safetensors", OSError(errno.ENOSPC, "No space left on device")),
     "safetensors": (
-        (checkpoint_module, "save_file"), "head.safetensors",
+        (accelerate_io, "safe_save_file"), "model.safetensors",
         SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
     ),
 }
@@ -349,7 +350,7 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(backbone,
 
 def test_a_write_failure_with_free_space_is_not_called_a_full_disk(backbone, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    fail_on_write(monkeypatch, (torch, "save"), "optimizer.pt", RuntimeError(TORCH_ENOSPC), nth=2, free=10**9)
+    fail_on_write(monkeypatch, (torch, "save"), "optimizer.bin", RuntimeError(TORCH_ENOSPC), nth=2, free=10**9)
     with pytest.raises(RuntimeError, match="inline_container") as raised:
         train_head(str(backbone), RECORDS, out, config=config())
     assert not isinstance(raised.value, NoSpaceLeftError)
@@ -398,7 +399,7 @@ def test_a_half_deleted_checkpoint_is_never_loaded(backbone, tmp_path):
     stop_at(backbone, out, 2)
     os.replace(out / "checkpoint", out / ".checkpoint-old")  # a swap that stopped between its renames
     assert find_checkpoint(out) == out / ".checkpoint-old"
-    (out / ".checkpoint-old" / "optimizer.pt").unlink()  # ... and a deletion that stopped half-way
+    (out / ".checkpoint-old" / "optimizer.bin").unlink()  # ... and a deletion that stopped half-way
     assert find_checkpoint(out) is None
 
 
@@ -413,7 +414,7 @@ def test_a_crash_while_deleting_the_old_checkpoint_loses_no_step(backbone, strai
     def rmtree_then_die(path, *args, **kwargs):
         path = Path(path)
         if path.name == ".checkpoint-old" and path.exists():
-            (path / "head.safetensors").unlink()
+            (path / "model.safetensors").unlink()
             raise Killed
         return real_rmtree(path, *args, **kwargs)
 
