@@ -265,17 +265,15 @@ def test_a_new_run_refuses_a_finished_head_and_other_files(backbone, tmp_path, c
     assert (backbone / "config.json").is_file()
 
 
-def test_resume_and_overwrite_exclude_each_other():
-    from mrp_hf.train import build_parser
+def test_resume_and_overwrite_exclude_each_other(capsys):
+    from mrp_hf.train import parse_train_args
 
     with pytest.raises(ValueError, match="contradict"):
         MRPTrainingConfig(resume=True, overwrite=True)
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["--backbone", "b", "--dataset", "d", "--output", "o", "--resume", "--overwrite"])
-    args = build_parser().parse_args(["--backbone", "b", "--dataset", "d", "--output", "o", "--overwrite"])
-    from mrp_hf.train import config_from_args
-
-    assert config_from_args(args).overwrite is True
+    with pytest.raises(SystemExit) as raised:
+        parse_train_args(["--backbone", "b", "--dataset", "d", "--output", "o", "--resume", "--overwrite"])
+    assert raised.value.code == 2 and "resume=True and overwrite=True contradict" in capsys.readouterr().err
+    assert parse_train_args(["--backbone", "b", "--dataset", "d", "--output", "o", "--overwrite"])[1].overwrite is True
 
 
 @pytest.mark.parametrize("keep_checkpoint", [False, True])
