@@ -25,7 +25,6 @@ _EXPORTS = {
     "RowCollator": "data",
     "Sample": "data",
     "TrainingDataError": "data",
-    "load_records": "data",
     "read_records": "data",
     "truncate": "data",
     "AgreementMeter": "objective",
@@ -58,7 +57,6 @@ __all__ = [
     "TrainingDataError",
     "TrainingInterrupted",
     "kl_per_position",
-    "load_records",
     "read_records",
     "train_head",
     "truncate",
@@ -89,7 +87,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the real imports
         RowCollator,
         Sample,
         TrainingDataError,
-        load_records,
         read_records,
         truncate,
     )
