@@ -469,3 +469,18 @@ def test_training_rows_use_the_decoding_layout(models, family):
         assert trained_blocks == decoded_blocks, (prompt_length, trained_blocks, decoded_blocks)
         # the same positions relative to the block grid: the first response token's offset inside its block
         assert int(response[0]) % grid == start % grid
+
+
+def test_one_block_length_rule_for_decoding_and_training(models):
+    """`BackboneAdapter.resolve_block_length`: the engine passes the answer length, the trainer none."""
+    adapter = {family: mrp_hf.get_adapter(models[family], mask_token_id=STAND_IN_MASK_ID)
+               for family in ("llada", "dream", "sdar", "fast_dllm_v2")}
+    assert adapter["llada"].resolve_block_length(None) == 32 and adapter["llada"].resolve_block_length(None, 8) == 8
+    assert adapter["llada"].resolve_block_length(16, 64) == 16
+    # Dream decodes the whole answer as one block; training without an answer length uses 32
+    assert adapter["dream"].resolve_block_length(None, 24) == 24 and adapter["dream"].resolve_block_length(None) == 32
+    assert adapter["sdar"].resolve_block_length(None) == adapter["sdar"].default_block_length
+    fast = adapter["fast_dllm_v2"]
+    assert fast.resolve_block_length(None) == fast.block_size and fast.resolve_block_length(2) == 2
+    with pytest.raises(ValueError, match=rf"block_length={2 * fast.block_size} does not fit fast_dllm_v2's attention block"):
+        fast.resolve_block_length(2 * fast.block_size)

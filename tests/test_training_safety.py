@@ -294,6 +294,19 @@ def test_resume_on_a_finished_run_trains_nothing_and_says_so(backbone, straight,
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 6
 
 
+def test_resuming_with_another_number_of_processes_is_refused(backbone, tmp_path):
+    out = tmp_path / "run"
+    stop_at(backbone, out, 2)
+    checkpoint = out / "checkpoint"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state["num_processes"] = 2  # as if two processes had written it
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    for name in ("random_states_{}.pkl", "data_rng_state_{}.pt"):
+        shutil.copy(checkpoint / name.format(0), checkpoint / name.format(1))
+    with pytest.raises(ValueError, match="written by 2 processes and 1 are resuming it.*Resume with 2 processes"):
+        train_head(str(backbone), RECORDS, out, config=config(resume=True))
+
+
 # ------------------------------------------------------------------------------------------ full disks
 TORCH_ENOSPC = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
 Usage = namedtuple("Usage", "total used free")
