@@ -378,11 +378,6 @@ def save_final(output_dir: str | os.PathLike, write: Callable[[Path], None], nee
     _fsync_dir(output_dir)
 
 
-def read_trainer_state(path: str | os.PathLike) -> dict[str, Any]:
-    """The trainer state of the checkpoint in `path` (step, epoch, data position, config, history)."""
-    return json.loads((Path(path) / STATE_FILE).read_text())
-
-
 def load_checkpoint(
     path: str | os.PathLike,
     accelerator,
@@ -395,7 +390,7 @@ def load_checkpoint(
     states through `load_full_states` = (load_head, load_optimizer) and the `scheduler` and RNG states through
     accelerate's `load_accelerator_state`; then this process's noise generator. Returns the trainer state."""
     path = Path(path)
-    state = read_trainer_state(path)
+    state = json.loads((path / STATE_FILE).read_text())
     saved_format, processes = state.get("state_format", "plain"), state.get("num_processes", 1)
     if saved_format != state_format:
         raise ValueError(
