@@ -132,30 +132,71 @@ def test_head_modes_need_a_head_and_are_not_silently_run(sdar):
         model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4, block_length=4, mrp_mode="speculative")
 
 
-def test_push_to_hub_sends_exactly_the_head_files_and_a_model_card(sdar, monkeypatch):
-    from huggingface_hub import CommitOperationAdd, HfApi
+def _mock_hub(monkeypatch):
+    """HfApi's calls recorded, nothing sent (no network)."""
+    from huggingface_hub import CommitOperationAdd, HfApi, RepoUrl
 
+    calls = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        calls["create_repo"] = dict(kwargs, repo_id=repo_id, token=self.token)
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_branch(self, repo_id, **kwargs):
+        calls["create_branch"] = dict(kwargs, repo_id=repo_id)
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        assert all(isinstance(op, CommitOperationAdd) for op in operations)
+        calls["create_commit"] = dict(kwargs, repo_id=repo_id, token=self.token)
+        calls["files"] = {op.path_in_repo: op for op in operations}
+        calls["card"] = dict(calls["files"])["README.md"].path_or_fileobj
+        calls["card_text"] = open(calls["card"], encoding="utf-8").read()
+        return "commit-info"
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_branch", create_branch)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    return calls
+
+
+def test_push_to_hub_sends_exactly_the_head_files_and_a_model_card(sdar, monkeypatch):
     head, _ = head_for(sdar[1], base_model_name_or_path="org/sdar-tiny")
     head.config.training = {"data": "chat.jsonl (1000 samples)", "steps": 300,
                             "metrics": {"agreement": 0.61, "baseline_agreement": 0.42, "kl": 0.8, "baseline_kl": 1.3}}
-    sent = {}
-
-    def fake_create_commit(self, repo_id, operations, commit_message, **kwargs):
-        sent["repo"] = repo_id
-        sent["files"] = {op.path_in_repo: op for op in operations}
-        assert all(isinstance(op, CommitOperationAdd) for op in operations)
-        return "commit-info"
-
-    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: repo_id)
-    monkeypatch.setattr(HfApi, "create_commit", fake_create_commit)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    head.push_to_hub("me/sdar-tiny-mrp")
-    assert sent["repo"] == "me/sdar-tiny-mrp"
+    sent = _mock_hub(monkeypatch)
+    assert head.push_to_hub("me/sdar-tiny-mrp") == "commit-info"
+    assert sent["create_repo"]["repo_id"] == sent["create_commit"]["repo_id"] == "me/sdar-tiny-mrp"
     assert sorted(sent["files"]) == ["README.md", "config.json", "configuration_mrp.py", "custom_generate/generate.py",
                                      "custom_generate/requirements.txt", "model.safetensors", "modeling_mrp.py"]
-    card = head.model_card()
-    for text in ("base_model: org/sdar-tiny", "chat.jsonl (1000 samples)", "| training steps | 300 |", "0.6100", "0.4200"):
+    assert "create_branch" not in sent
+    commit = sent["create_commit"]
+    assert (commit["commit_message"], commit["revision"], commit["create_pr"]) == ("Upload MRP head", None, False)
+    card = head.model_card("me/sdar-tiny-mrp")
+    assert card == sent["card_text"]
+    for text in ("library_name: mrp-hf", "base_model: org/sdar-tiny", "chat.jsonl (1000 samples)",
+                 "| training steps | 300 |", "0.6100", "0.4200"):
         assert text in card
+
+
+def test_push_to_hub_passes_on_private_revision_create_pr_message_and_token(sdar, monkeypatch):
+    from huggingface_hub import ModelCard
+
+    head, _ = head_for(sdar[1], base_model_name_or_path="org/sdar-tiny")
+    sent = _mock_hub(monkeypatch)
+    head.push_to_hub("me/x", commit_message="v2 head", private=True, token="hf_test", revision="v2", create_pr=True,
+                     commit_description="longer run", tags=["gsm8k"])
+    assert sent["create_repo"]["private"] is True and sent["create_repo"]["token"] == "hf_test"
+    assert sent["create_branch"] == {"repo_id": "me/x", "branch": "v2", "exist_ok": True}
+    commit = sent["create_commit"]
+    assert (commit["commit_message"], commit["commit_description"], commit["revision"], commit["create_pr"]) == (
+        "v2 head", "longer run", "v2", True
+    )
+    assert commit["token"] == "hf_test"
+    card = ModelCard(sent["card_text"])  # the metadata parses back as a model card
+    assert card.data.library_name == "mrp-hf" and card.data.base_model == "org/sdar-tiny"
+    assert {"mrp", "sdar", "gsm8k"} <= set(card.data.tags)
+    assert 'MRPModel.from_pretrained("me/x"' in card.text
 
 
 def test_head_by_repo_id_from_a_hub_cache_offline(tmp_path, monkeypatch):

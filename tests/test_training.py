@@ -324,8 +324,8 @@ def test_ddp_two_processes_resume_matches_uninterrupted(backbones, data_file, tm
 
     assert launch(tmp_path / "a").returncode == 0
     stopped = launch(tmp_path / "b", "--stop-after", "5")
-    assert stopped.returncode != 0 and sorted(p.name for p in (tmp_path / "b" / "checkpoint").glob("rng_state_*")) == [
-        "rng_state_0.pt", "rng_state_1.pt"
+    assert stopped.returncode != 0 and sorted(p.name for p in (tmp_path / "b" / "checkpoint").glob("*_state*_*")) == [
+        "data_rng_state_0.pt", "data_rng_state_1.pt", "random_states_0.pkl", "random_states_1.pkl"
     ]
     resumed = launch(tmp_path / "b", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -361,20 +361,73 @@ def test_cli_trains_and_the_output_loads_as_an_mrp_model(backbones, data_file, t
 
 
 def test_train_flags_map_onto_the_config():
-    from mrp_hf.train import build_parser, config_from_args
+    from mrp_hf.train import parse_train_args
 
-    args = build_parser().parse_args([
+    command, config = parse_train_args([
         "--backbone", "x", "--dataset", "d.jsonl", "--output", "o", "--epochs", "2", "--reveal-per-block", "random",
         "--reveal-order", "random", "--objective", "ce", "--mixed-precision", "bf16", "--head-hidden-size", "64",
         "--packing", "--resume",
     ])
-    config = config_from_args(args)
+    assert (command.backbone, command.dataset, command.output, command.tokenizer) == ("x", "d.jsonl", "o", None)
     assert (config.epochs, config.max_steps, config.reveal_per_block, config.reveal_order) == (2.0, None, "random", "random")
     assert (config.objective, config.mixed_precision, config.head_hidden_size, config.packing, config.resume) == (
         "ce", "bf16", 64, True, True
     )
     with pytest.raises(ValueError, match="objective"):
         MRPTrainingConfig(objective="mse")
+
+
+def test_train_flags_default_to_the_config_and_keep_their_documented_names():
+    """The flags come from MRPTrainingConfig (HfArgumentParser): no flag given is the dataclass's default; the
+    names used in the docs (--steps, --dtype, --no-eos, --num-layers, --eval-file, ...) still work."""
+    from mrp_hf.train import parse_train_args
+
+    required = ["--backbone", "b", "--dataset", "d", "--output", "o"]
+    assert parse_train_args(required)[1] == MRPTrainingConfig()
+    _, config = parse_train_args(required + [
+        "--steps", "5", "--dtype", "bfloat16", "--no-eos", "--no-progress", "--no-shard-backbone", "--num-layers", "2",
+        "--num-heads", "4", "--eval-file", "held.jsonl", "--reveal-per-block", "2", "--adam-betas", "0.8", "0.9",
+        "--backbone-device-map", "auto", "--trust-remote-code", "--min-lr-ratio", "0.1",
+    ])
+    assert (config.max_steps, config.backbone_dtype, config.append_eos, config.disable_progress) == (5, "bfloat16", False, True)
+    assert (config.shard_backbone, config.num_hidden_layers, config.num_attention_heads) == (False, 2, 4)
+    assert (config.eval_dataset, config.reveal_per_block, config.adam_betas) == ("held.jsonl", 2, (0.8, 0.9))
+    assert (config.backbone_device_map, config.trust_remote_code, config.min_lr_ratio) == ("auto", True, 0.1)
+    for bad in (["--reveal-per-block", "0"], ["--objective", "mse"], ["--no-such-flag"]):
+        with pytest.raises(SystemExit):
+            parse_train_args(required + bad)
+
+
+def test_train_help_lists_every_config_field_with_its_default(capsys):
+    import dataclasses
+
+    with pytest.raises(SystemExit):
+        cli_main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: mrp-hf train --backbone")
+    for field in dataclasses.fields(MRPTrainingConfig):
+        assert f"--{field.name.replace('_', '-')}" in text, field.name
+    assert "--lr LR peak learning rate (AdamW) (default: 0.001)" in text
+    assert "(default: 1024)" in text and "--no-eos" in text and "--steps" in text
+
+
+def test_the_schedule_is_transformers_cosine_with_min_lr_counted_in_optimizer_steps():
+    """Warm-up then cosine to lr * min_lr_ratio; with several processes accelerate steps the scheduler once per
+    process for each optimizer step, and the schedule is stretched to match."""
+    from mrp_hf.training.trainer import cosine_schedule
+
+    config = MRPTrainingConfig(lr=1.0, warmup_steps=2, min_lr_ratio=0.1)
+    for processes in (1, 2):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        scheduler = cosine_schedule(optimizer, config, total_steps=6, steps_per_optimizer_step=processes)
+        lrs = []
+        for _ in range(7):
+            lrs.append(round(optimizer.param_groups[0]["lr"], 6))
+            for _ in range(processes):
+                optimizer.step()
+                scheduler.step()
+        assert lrs[:3] == [0.0, 0.5, 1.0], processes
+        assert lrs[-1] == pytest.approx(0.1) and lrs[4] == pytest.approx(0.1 + 0.9 * 0.5)
 
 
 def test_head_attends_within_its_reveal_block_as_in_decoding():
@@ -420,3 +473,18 @@ def test_training_rows_use_the_decoding_layout(models, family):
         assert trained_blocks == decoded_blocks, (prompt_length, trained_blocks, decoded_blocks)
         # the same positions relative to the block grid: the first response token's offset inside its block
         assert int(response[0]) % grid == start % grid
+
+
+def test_one_block_length_rule_for_decoding_and_training(models):
+    """`BackboneAdapter.resolve_block_length`: the engine passes the answer length, the trainer none."""
+    adapter = {family: mrp_hf.get_adapter(models[family], mask_token_id=STAND_IN_MASK_ID)
+               for family in ("llada", "dream", "sdar", "fast_dllm_v2")}
+    assert adapter["llada"].resolve_block_length(None) == 32 and adapter["llada"].resolve_block_length(None, 8) == 8
+    assert adapter["llada"].resolve_block_length(16, 64) == 16
+    # Dream decodes the whole answer as one block; training without an answer length uses 32
+    assert adapter["dream"].resolve_block_length(None, 24) == 24 and adapter["dream"].resolve_block_length(None) == 32
+    assert adapter["sdar"].resolve_block_length(None) == adapter["sdar"].default_block_length
+    fast = adapter["fast_dllm_v2"]
+    assert fast.resolve_block_length(None) == fast.block_size and fast.resolve_block_length(2) == 2
+    with pytest.raises(ValueError, match=rf"block_length={2 * fast.block_size} does not fit fast_dllm_v2's attention block"):
+        fast.resolve_block_length(2 * fast.block_size)

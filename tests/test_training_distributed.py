@@ -159,7 +159,8 @@ def test_fsdp2_two_cpu_processes_shard_the_backbone_and_match_ddp(setup):
     assert set(saved) == set(head.state_dict()) and all(torch.equal(head.state_dict()[k], v) for k, v in saved.items())
     checkpoint = root / "fsdp2" / "checkpoint"
     assert sorted(p.name for p in checkpoint.iterdir()) == [
-        "head.safetensors", "optimizer.pt", "rng_state_0.pt", "rng_state_1.pt", "scheduler.pt", "trainer_state.json"
+        "data_rng_state_0.pt", "data_rng_state_1.pt", "head.safetensors", "optimizer.pt", "random_states_0.pkl",
+        "random_states_1.pkl", "scheduler.bin", "trainer_state.json",
     ]
     assert json.loads((checkpoint / "trainer_state.json").read_text())["state_format"] == "fsdp"
     assert set(load_file(str(checkpoint / "head.safetensors"))) == set(saved)  # full tensors, not shards

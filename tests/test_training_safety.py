@@ -21,6 +21,7 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
+import accelerate.utils.other as accelerate_io
 import pytest
 import torch
 from safetensors import SafetensorError
@@ -269,17 +270,15 @@ def test_a_new_run_refuses_a_finished_head_and_other_files(backbone, tmp_path, c
     assert (backbone / "config.json").is_file()
 
 
-def test_resume_and_overwrite_exclude_each_other():
-    from mrp_hf.train import build_parser
+def test_resume_and_overwrite_exclude_each_other(capsys):
+    from mrp_hf.train import parse_train_args
 
     with pytest.raises(ValueError, match="contradict"):
         MRPTrainingConfig(resume=True, overwrite=True)
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["--backbone", "b", "--dataset", "d", "--output", "o", "--resume", "--overwrite"])
-    args = build_parser().parse_args(["--backbone", "b", "--dataset", "d", "--output", "o", "--overwrite"])
-    from mrp_hf.train import config_from_args
-
-    assert config_from_args(args).overwrite is True
+    with pytest.raises(SystemExit) as raised:
+        parse_train_args(["--backbone", "b", "--dataset", "d", "--output", "o", "--resume", "--overwrite"])
+    assert raised.value.code == 2 and "resume=True and overwrite=True contradict" in capsys.readouterr().err
+    assert parse_train_args(["--backbone", "b", "--dataset", "d", "--output", "o", "--overwrite"])[1].overwrite is True
 
 
 @pytest.mark.parametrize("keep_checkpoint", [False, True])
@@ -300,14 +299,27 @@ def test_resume_on_a_finished_run_trains_nothing_and_says_so(backbone, straight,
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 6
 
 
+def test_resuming_with_another_number_of_processes_is_refused(backbone, tmp_path):
+    out = tmp_path / "run"
+    stop_at(backbone, out, 2)
+    checkpoint = out / "checkpoint"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state["num_processes"] = 2  # as if two processes had written it
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    for name in ("random_states_{}.pkl", "data_rng_state_{}.pt"):
+        shutil.copy(checkpoint / name.format(0), checkpoint / name.format(1))
+    with pytest.raises(ValueError, match="written by 2 processes and 1 are resuming it.*Resume with 2 processes"):
+        train_head(str(backbone), RECORDS, out, config=config(resume=True))
+
+
 # ------------------------------------------------------------------------------------------ full disks
 TORCH_ENOSPC = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
 Usage = namedtuple("Usage", "total used free")
 
 
 def fail_on_write(monkeypatch, module_attr, file_name, error, nth=1, free=4096):
-    """Make the nth write of `file_name` through `module_attr` (torch.save / save_file in checkpoint.py) write
-    part of the file, then raise `error`; the disk reports `free` bytes free."""
+    """Make the nth write of `file_name` through `module_attr` (torch.save, or the safetensors writer that
+    accelerate's `save_state` uses) write part of the file, then raise `error`; the disk reports `free` bytes free."""
     real = getattr(*module_attr)
     calls = []
 
@@ -326,10 +338,10 @@ def fail_on_write(monkeypatch, module_attr, file_name, error, nth=1, free=4096):
 
 
 WRITE_FAILURES = {
-    "torch-enforce-fail": ((torch, "save"), "optimizer.pt", RuntimeError(TORCH_ENOSPC)),
-    "enospc": ((checkpoint_module, "save_file"), "head.safetensors", OSError(errno.ENOSPC, "No space left on device")),
+    "torch-enforce-fail": ((torch, "save"), "optimizer.bin", RuntimeError(TORCH_ENOSPC)),
+    "enospc": ((accelerate_io, "safe_save_file"), "model.safetensors", OSError(errno.ENOSPC, "No space left on device")),
     "safetensors": (
-        (checkpoint_module, "save_file"), "head.safetensors",
+        (accelerate_io, "safe_save_file"), "model.safetensors",
         SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
     ),
 }
@@ -354,7 +366,7 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(backbone,
 
 def test_a_write_failure_with_free_space_is_not_called_a_full_disk(backbone, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    fail_on_write(monkeypatch, (torch, "save"), "optimizer.pt", RuntimeError(TORCH_ENOSPC), nth=2, free=10**9)
+    fail_on_write(monkeypatch, (torch, "save"), "optimizer.bin", RuntimeError(TORCH_ENOSPC), nth=2, free=10**9)
     with pytest.raises(RuntimeError, match="inline_container") as raised:
         train_head(str(backbone), RECORDS, out, config=config())
     assert not isinstance(raised.value, NoSpaceLeftError)
@@ -403,7 +415,7 @@ def test_a_half_deleted_checkpoint_is_never_loaded(backbone, tmp_path):
     stop_at(backbone, out, 2)
     os.replace(out / "checkpoint", out / ".checkpoint-old")  # a swap that stopped between its renames
     assert find_checkpoint(out) == out / ".checkpoint-old"
-    (out / ".checkpoint-old" / "optimizer.pt").unlink()  # ... and a deletion that stopped half-way
+    (out / ".checkpoint-old" / "optimizer.bin").unlink()  # ... and a deletion that stopped half-way
     assert find_checkpoint(out) is None
 
 
@@ -418,7 +430,7 @@ def test_a_crash_while_deleting_the_old_checkpoint_loses_no_step(backbone, strai
     def rmtree_then_die(path, *args, **kwargs):
         path = Path(path)
         if path.name == ".checkpoint-old" and path.exists():
-            (path / "head.safetensors").unlink()
+            (path / "model.safetensors").unlink()
             raise Killed
         return real_rmtree(path, *args, **kwargs)
 

@@ -147,10 +147,12 @@ def _choose_threads(args: argparse.Namespace, command: str, model=None) -> None:
     print(f"mrp-hf {command}: {threads} torch thread{'s' if threads > 1 else ''} ({why})", file=sys.stderr)
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from .train import run
+def _cmd_train(argv: list[str]) -> int:
+    """`mrp-hf train ...`: its own parser (`HfArgumentParser` over the training config, which imports
+    transformers), built only when the command runs so that `mrp-hf --help` stays fast."""
+    from .train import main as train_main
 
-    return run(args)
+    return train_main(argv, prog="mrp-hf train")
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -441,11 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON object per answer")
     gen.set_defaults(func=_cmd_generate)
 
-    from .train import add_train_arguments
-
-    train = sub.add_parser("train", help="train an MRP head on a frozen DLM backbone (see docs/training.md)")
-    add_train_arguments(train)
-    train.set_defaults(func=_cmd_train)
+    # parsed by `mrp_hf.train` (see `main`); listed here for `mrp-hf --help`
+    sub.add_parser("train", help="train an MRP head on a frozen DLM backbone (mrp-hf train -h; docs/training.md)",
+                   add_help=False)
 
     demo = sub.add_parser("demo", help="every decoding mode side by side on the bundled reference DLM + head",
                           formatter_class=DefaultsHelpFormatter)
@@ -467,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # every later argument is lm-eval's, including -h
         return _cmd_lm_eval(argv[1:])
+    if argv[:1] == ["train"]:
+        return _cmd_train(argv[1:])
     debug = "--debug" in argv  # accepted anywhere, not only before the command
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
     args.debug = debug

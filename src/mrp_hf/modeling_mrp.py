@@ -129,73 +129,43 @@ class MRPHead(PreTrainedModel):
             last.weight.zero_()
 
     def model_card(self, repo_id: str | None = None) -> str:
-        """A Hub model card: what the head is for, its base model, how it was trained, what it measured."""
-        cfg = self.config
-        training = cfg.training or {}
-        metrics = training.get("metrics", {})
-        lines = [
-            "---",
-            "library_name: mrp-hf",
-            *([f"base_model: {cfg.base_model_name_or_path}"] if cfg.base_model_name_or_path else []),
-            "tags:",
-            "- mrp",
-            "- diffusion-language-model",
-            f"- {cfg.backbone_family or 'dlm'}",
-            "---",
-            "",
-            f"# MRP head for `{cfg.base_model_name_or_path}`",
-            "",
-            "A Multi-token Residual Prediction (MRP) head: it predicts how the backbone's logits change after the next",
-            "reveal, so one backbone forward yields several tokens. This repo holds the head only (weights and config);",
-            "the backbone is loaded from its own repo.",
-            "",
-            "```python",
-            "import mrp_hf",
-            f'model = mrp_hf.MRPModel.from_pretrained("{repo_id or "<this repo>"}", trust_remote_code=True)',
-            'out = model.generate(input_ids, max_new_tokens=256, mrp_mode="speculative")',
-            "```",
-            "",
-            "| | |",
-            "|---|---|",
-            f"| base model | `{cfg.base_model_name_or_path}` (revision `{cfg.base_model_revision}`) |",
-            f"| PEFT adapter | `{cfg.peft_adapter_id}` |",
-            f"| family / attention | {cfg.backbone_family} / {cfg.attention} |",
-            f"| head | {cfg.num_hidden_layers} layers, width {cfg.head_hidden_size}, "
-            f"{sum(p.numel() for p in self.parameters()):,} parameters |",
-            f"| training data | {training.get('data', 'not recorded')} |",
-            f"| training steps | {training.get('steps', 'not recorded')} |",
-            f"| block length in training | {cfg.block_length} |",
-        ]
-        for key in ("agreement", "baseline_agreement", "kl", "baseline_kl"):
-            if key in metrics:
-                lines.append(f"| held-out {key.replace('_', ' ')} | {metrics[key]:.4f} |")
-        if metrics:
-            lines += ["", "Agreement: top-1 match between the head's predicted next-step argmax and the backbone's true",
-                      "next-step argmax on still-masked held-out positions; the baseline reuses the last logits (C = 0)."]
-        return "\n".join(lines) + "\n"
+        """A Hub model card: what the head is for, its base model, how it was trained, what it measured
+        (`mrp_hf.model_card.head_model_card`, as text)."""
+        from .model_card import head_model_card
+
+        return str(head_model_card(self, repo_id))
 
     def push_to_hub(
         self,
         repo_id: str,
         commit_message: str = "Upload MRP head",
         private: bool | None = None,
-        token: str | None = None,
+        token: str | bool | None = None,
         revision: str | None = None,
         create_pr: bool = False,
-        **_: Any,
+        commit_description: str | None = None,
+        tags: list[str] | None = None,
+        **save_kwargs: Any,
     ):
-        """Upload the head's files (those `save_pretrained` writes) and a generated model card, never the backbone."""
+        """Upload the head's files (those `save_pretrained` writes: config.json, model.safetensors, the auto_map code
+        files and custom_generate/) and its model card (README.md) in one commit, never the backbone. `private`,
+        `token`, `revision` (a branch, created if missing), `create_pr`, `commit_message` and `commit_description`
+        act as in transformers' `push_to_hub`; `tags` go into the card's metadata; other keyword arguments go to
+        `save_pretrained` (e.g. `max_shard_size`). Returns the commit info."""
         import os
         import tempfile
 
         from huggingface_hub import CommitOperationAdd, HfApi
 
+        from .model_card import head_model_card
+
         api = HfApi(token=token)
-        api.create_repo(repo_id, private=private, exist_ok=True)
+        repo_id = getattr(api.create_repo(repo_id, private=private, exist_ok=True), "repo_id", repo_id)
+        if revision is not None and not revision.startswith("refs/pr"):
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
         with tempfile.TemporaryDirectory() as folder:
-            self.save_pretrained(folder)
-            with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as handle:
-                handle.write(self.model_card(repo_id))
+            self.save_pretrained(folder, **save_kwargs)
+            head_model_card(self, repo_id, tags=tags).save(os.path.join(folder, "README.md"))
             names = sorted(
                 os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/")
                 for parent, _, files in os.walk(folder) for name in files
@@ -203,9 +173,8 @@ class MRPHead(PreTrainedModel):
             operations = [
                 CommitOperationAdd(path_in_repo=name, path_or_fileobj=os.path.join(folder, name)) for name in names
             ]
-            return api.create_commit(
-                repo_id=repo_id, operations=operations, commit_message=commit_message, revision=revision, create_pr=create_pr
-            )
+            return api.create_commit(repo_id=repo_id, operations=operations, commit_message=commit_message,
+                                     commit_description=commit_description, revision=revision, create_pr=create_pr)
 
     def forward(
         self,

@@ -154,6 +154,29 @@ class BackboneAdapter:
         # some families (SDAR) take the block size at decoding time: the engine uses block_length
         return None
 
+    def resolve_block_length(self, requested: int | None, answer_length: int | None = None) -> int:
+        """The block length decoding (and training) uses: `requested`, else the model's attention block, else the
+        family's `default_block_length` (at most `answer_length`), else the whole answer (`answer_length`; 32
+        where there is none, in training). Raises when it does not tile the model's attention block.
+
+        The one rule for the decoding engine and the trainer, so that a head trains on the blocks it decodes."""
+        model_block = self.block_size
+        if requested:
+            block_length = requested
+        elif model_block:
+            block_length = model_block
+        elif self.default_block_length is not None:
+            block_length = min(self.default_block_length, answer_length or self.default_block_length)
+        else:  # the family decodes the whole answer as one block (Dream's diffusion_generate)
+            block_length = answer_length or 32
+        if model_block is not None and (block_length > model_block or model_block % block_length):
+            raise ValueError(
+                f"block_length={block_length} does not fit {self.family}'s attention block of {model_block} "
+                f"tokens: a block-causal model can only decode blocks that tile its own (use {model_block} "
+                f"or a divisor of it)."
+            )
+        return block_length
+
     def first_scoring_position(self, position: int) -> int:
         """The input position whose output scores `position`: itself, or the one before for families with shifted
         logits (the logit at i-1 predicts token i)."""

@@ -143,6 +143,12 @@ def _answer_tokens(row: list[int], eos_token_id: int | None) -> list[int]:
     return row
 
 
+def _lengths(**lengths: int | None) -> dict[str, int]:
+    """The lengths that are set: unset ones are the model's own (its generation_config.json), which an explicit
+    None would reset."""
+    return {name: value for name, value in lengths.items() if value is not None}
+
+
 def run_modes(
     model: Any,
     tokenizer: Any,
@@ -202,9 +208,7 @@ def run_modes(
 
     if getattr(tokenizer, "pad_token_id", None) is None:
         tokenizer.pad_token = tokenizer.eos_token
-    # unset lengths are the model's own (its generation_config.json); an explicit None would reset them
-    common: dict[str, Any] = {k: v for k, v in (("max_new_tokens", max_new_tokens), ("block_length", block_length))
-                              if v is not None}
+    common: dict[str, Any] = _lengths(max_new_tokens=max_new_tokens, block_length=block_length)
     common.update(generate_kwargs or {})
     common.setdefault("eos_token_id", tokenizer.eos_token_id)
     common.setdefault("pad_token_id", tokenizer.pad_token_id)

@@ -86,27 +86,13 @@ class DecodingEngine:
         return wanted
 
     def _resolve_block_length(self) -> int:
-        cfg, adapter = self.config, self.adapter
-        model_block = adapter.block_size
-        if cfg.block_length:
-            block_length = cfg.block_length
-        elif model_block:
-            block_length = model_block
-        elif adapter.default_block_length is not None:
-            block_length = min(adapter.default_block_length, cfg.max_new_tokens)
-        else:  # the family decodes the whole answer as one block (Dream's diffusion_generate)
-            block_length = cfg.max_new_tokens
+        cfg = self.config
+        block_length = self.adapter.resolve_block_length(cfg.block_length, cfg.max_new_tokens)
         if self.alignment == "answer" and cfg.max_new_tokens % block_length:
             raise ValueError(
                 f"block_length={block_length} does not divide max_new_tokens={cfg.max_new_tokens}; use a "
                 f"max_new_tokens that is a multiple of it (e.g. {-(-cfg.max_new_tokens // block_length) * block_length}), "
                 f"or another block_length."
-            )
-        if model_block is not None and (block_length > model_block or model_block % block_length):
-            raise ValueError(
-                f"block_length={block_length} does not fit {adapter.family}'s attention block of {model_block} "
-                f"tokens: a block-causal model can only decode blocks that tile its own (use {model_block} "
-                f"or a divisor of it)."
             )
         return block_length
 

@@ -1,13 +1,18 @@
 """Atomic training checkpoints: everything a resumed run needs to continue bit for bit.
 
-Layout of `output_dir/checkpoint/`:
-    head.safetensors       the head's weights (the full, gathered weights under FSDP)
-    optimizer.pt           AdamW state (tensors and numbers only: loaded with `weights_only=True`); keyed by
-                           parameter index, or under FSDP the full state keyed by parameter name
-                           (`state_format` in trainer_state.json says which)
-    scheduler.pt           the LR scheduler's state
-    rng_state_<rank>.pt    python `random`, torch (CPU and CUDA) and the data-noise generator, per process
-    trainer_state.json     optimizer step, epoch, batches consumed in the epoch, the training config
+Layout of `output_dir/checkpoint/`, written by `accelerate` (`Accelerator.save_state`) except where noted:
+    model.safetensors          the prepared head's weights
+    optimizer.bin              AdamW state
+    scheduler.bin              the LR schedule's state (and `scaler.pt` with fp16 mixed precision)
+    random_states_<rank>.pkl   python, numpy, torch and CUDA RNG states, per process
+    data_rng_state_<rank>.pt   the generator that draws masks and reveals, per process (own code:
+                               `register_for_checkpointing` saves custom objects from the main process only)
+    trainer_state.json         optimizer step, epoch, batches consumed in the epoch, the training config
+Under FSDP (`state_format: "fsdp"` in trainer_state.json) the head and optimizer are full state dicts gathered by
+`training.distributed` and written here as `head.safetensors` and `optimizer.pt` (keyed by parameter name);
+the schedule and RNG states still go through accelerate (`save_accelerator_state`). Why not accelerate's FSDP
+saving: it follows the config's `state_dict_type` (sharded DCP folders by default) and offloads the full-state
+gather to the CPU, which FSDP1 on a CPU process group cannot do (torch 2.13).
 
 A checkpoint is written to `output_dir/.checkpoint-tmp`, then swapped in with renames, so an interruption
 at any moment leaves either the previous checkpoint or the new one complete. A write that fails (a full disk
@@ -25,7 +30,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,7 +44,12 @@ _TMP = ".checkpoint-tmp"
 _OLD = ".checkpoint-old"
 _HEAD_TMP = ".head-tmp"
 STATE_FILE = "trainer_state.json"
-_CHECKPOINT_FILES = ("head.safetensors", "optimizer.pt", "scheduler.pt", STATE_FILE)
+#: the files of a complete checkpoint, by `state_format`, and those every process writes
+_CHECKPOINT_FILES = {
+    "plain": ("model.safetensors", "optimizer.bin", "scheduler.bin", STATE_FILE),
+    "fsdp": ("head.safetensors", "optimizer.pt", "scheduler.bin", STATE_FILE),
+}
+_PROCESS_FILES = ("random_states_{rank}.pkl", "data_rng_state_{rank}.pt")
 #: what a finished run writes into its output folder (`config.json` last)
 HEAD_FILES = ("model.safetensors", "training_metrics.json", "config.json")
 
@@ -64,10 +73,6 @@ class NoSpaceLeftError(OSError):
         return self.message
 
 
-def checkpoint_dir(output_dir: str | os.PathLike) -> Path:
-    return Path(output_dir) / CHECKPOINT
-
-
 def _read_state(path: Path) -> dict[str, Any] | None:
     try:
         state = json.loads((path / STATE_FILE).read_text())
@@ -79,10 +84,11 @@ def _read_state(path: Path) -> dict[str, Any] | None:
 def _is_complete(path: Path) -> bool:
     """Every file of a checkpoint is there (a folder half-deleted after a crash is not a checkpoint)."""
     state = _read_state(path)
-    if state is None or not all((path / name).is_file() for name in _CHECKPOINT_FILES):
+    if state is None or not all((path / name).is_file() for name in _CHECKPOINT_FILES.get(state.get("state_format"), ("?",))):
         return False
     processes = state.get("num_processes", 1)
-    return all((path / f"rng_state_{rank}.pt").is_file() for rank in range(processes if isinstance(processes, int) else 1))
+    ranks = range(processes if isinstance(processes, int) else 1)
+    return all((path / name.format(rank=rank)).is_file() for rank in ranks for name in _PROCESS_FILES)
 
 
 def find_checkpoint(output_dir: str | os.PathLike) -> Path | None:
@@ -270,61 +276,33 @@ def _kept_checkpoint(output_dir: Path, finished: bool = False) -> str:
     return f"the previous checkpoint {found} (step {step}) is intact: free some space and continue with --resume."
 
 
-def rng_state(data_generator: torch.Generator) -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "torch": torch.get_rng_state(),
-        "data": data_generator.get_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any], data_generator: torch.Generator) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    data_generator.set_state(state["data"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def save_checkpoint(
     accelerator,
     output_dir: str | os.PathLike,
-    head_state: dict[str, torch.Tensor] | None,
-    optimizer_state: dict[str, Any] | None,
-    scheduler,
     data_generator: torch.Generator,
     trainer_state: dict[str, Any],
+    needed_bytes: int,
+    full_states: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
+    scheduler=None,
 ) -> Path:
-    """Write a checkpoint from every process (collective: all processes must call it). `head_state` and
-    `optimizer_state` are only read on the main process (the others may pass None)."""
+    """Write a checkpoint from every process (collective: all processes must call it).
+
+    Without FSDP (`full_states` None) `accelerator.save_state` writes the prepared head, optimizer, schedule and
+    RNG states. Under FSDP, `full_states` = the gathered (head, optimizer) state dicts (read on the main process
+    only; the others may pass None) and the `scheduler` go in as the module docstring says. `needed_bytes`:
+    about what the main process writes, for the message on a full disk."""
     output_dir = Path(output_dir)
     tmp, final, old = output_dir / _TMP, output_dir / CHECKPOINT, output_dir / _OLD
     if accelerator.is_main_process:
-        if head_state is None or optimizer_state is None:
-            raise ValueError("the main process must pass the head and optimizer states")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    rng = rng_state(data_generator)
-    needed = state_nbytes(rng) + 64 * 1024  # + headers and trainer_state.json
-    if accelerator.is_main_process:
-        needed += state_nbytes(head_state) + state_nbytes(optimizer_state) + state_nbytes(scheduler.state_dict())
     try:
-        torch.save(rng, tmp / f"rng_state_{accelerator.process_index}.pt")
-        if accelerator.is_main_process:
-            weights = {k: v.detach().contiguous().cpu() for k, v in head_state.items()}
-            save_file(weights, str(tmp / "head.safetensors"), metadata={"format": "pt"})
-            torch.save(optimizer_state, tmp / "optimizer.pt")
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-            (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n")
+        _write_checkpoint(accelerator, tmp, data_generator, trainer_state, full_states, scheduler)
     except Exception as error:
         if not accelerator.is_main_process:  # the main process owns the folder (and may still be writing)
             raise
-        full = _no_space(error, output_dir, needed, tmp, "the checkpoint", _kept_checkpoint(output_dir))
+        full = _no_space(error, output_dir, needed_bytes + 64 * 1024, tmp, "the checkpoint", _kept_checkpoint(output_dir))
         if full is not None:
             raise full from error
         raise
@@ -335,6 +313,27 @@ def save_checkpoint(
         _fsync_dir(output_dir)
     accelerator.wait_for_everyone()
     return final
+
+
+def _write_checkpoint(accelerator, tmp: Path, data_generator, trainer_state, full_states, scheduler) -> None:
+    rank = accelerator.process_index
+    torch.save(data_generator.get_state(), tmp / _PROCESS_FILES[1].format(rank=rank))
+    if full_states is None:
+        accelerator.save_state(str(tmp))
+    else:
+        from accelerate.checkpointing import save_accelerator_state
+
+        if accelerator.is_main_process:
+            head_state, optimizer_state = full_states
+            weights = {k: v.detach().contiguous().cpu() for k, v in head_state.items()}
+            save_file(weights, str(tmp / "head.safetensors"), metadata={"format": "pt"})
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+        save_accelerator_state(
+            str(tmp), model_states=[], optimizers=[], schedulers=[scheduler], dataloaders=[], process_index=rank,
+            step=accelerator.step, scaler=accelerator.scaler,
+        )
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n")
 
 
 def _swap_in(tmp: Path, final: Path, old: Path) -> None:
@@ -382,32 +381,42 @@ def save_final(output_dir: str | os.PathLike, write: Callable[[Path], None], nee
 def load_checkpoint(
     path: str | os.PathLike,
     accelerator,
-    load_head: Callable[[dict[str, torch.Tensor]], None],
-    load_optimizer: Callable[[dict[str, Any]], None],
-    scheduler,
     data_generator: torch.Generator,
     state_format: str = "plain",
+    load_full_states: tuple[Callable[[dict[str, torch.Tensor]], None], Callable[[dict[str, Any]], None]] | None = None,
+    scheduler=None,
 ) -> dict[str, Any]:
-    """Restore a checkpoint (every process reads it): the head's weights and the optimizer state go to the
-    given loaders, the schedule and this process's RNG states in place. Returns the trainer state."""
+    """Restore a checkpoint on every process: `accelerator.load_state`, or under FSDP the full head and optimizer
+    states through `load_full_states` = (load_head, load_optimizer) and the `scheduler` and RNG states through
+    accelerate's `load_accelerator_state`; then this process's noise generator. Returns the trainer state."""
     path = Path(path)
     state = json.loads((path / STATE_FILE).read_text())
-    saved_format = state.get("state_format", "plain")
+    saved_format, processes = state.get("state_format", "plain"), state.get("num_processes", 1)
     if saved_format != state_format:
         raise ValueError(
-            f"{path} was written by a {saved_format!r} run and this run is {state_format!r} (FSDP checkpoints key "
-            f"the optimizer state by parameter name, the others by index): resume under the same setting."
+            f"{path} was written by a {saved_format!r} run and this run is {state_format!r} (FSDP checkpoints hold "
+            f"full state dicts, the others accelerate's state): resume under the same setting."
         )
-    load_head(load_file(str(path / "head.safetensors"), device="cpu"))
-    load_optimizer(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True))
-    rng_file = path / f"rng_state_{accelerator.process_index}.pt"
-    if not rng_file.is_file():
-        raise FileNotFoundError(
-            f"{rng_file} is missing: this checkpoint was written by fewer processes than are resuming it now "
-            f"({accelerator.num_processes}); resume with the same number of processes."
+    if processes != accelerator.num_processes:
+        raise ValueError(
+            f"{path} was written by {processes} processes and {accelerator.num_processes} are resuming it: the RNG "
+            f"states and the data shards are per process. Resume with {processes} processes."
         )
-    set_rng_state(torch.load(rng_file, map_location="cpu", weights_only=True), data_generator)
+    if load_full_states is None:
+        accelerator.load_state(str(path))
+    else:
+        from accelerate.checkpointing import load_accelerator_state
+
+        load_head, load_optimizer = load_full_states
+        load_head(load_file(str(path / "head.safetensors"), device="cpu"))
+        load_optimizer(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
+        restored = load_accelerator_state(
+            str(path), models=[], optimizers=[], schedulers=[scheduler], dataloaders=[],
+            process_index=accelerator.process_index, scaler=accelerator.scaler,
+        )
+        accelerator.step = restored.get("step", accelerator.step)
+    rng_file = path / _PROCESS_FILES[1].format(rank=accelerator.process_index)
+    data_generator.set_state(torch.load(rng_file, map_location="cpu", weights_only=True))
     return state
 
 

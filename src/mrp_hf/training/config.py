@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-OBJECTIVES = ("kl", "ce")
-REVEAL_ORDERS = ("confidence", "random")
-MIXED_PRECISION = ("no", "bf16", "fp16")
-BACKBONE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+Objective = Literal["kl", "ce"]
+RevealOrder = Literal["confidence", "random"]
+MixedPrecision = Literal["no", "bf16", "fp16"]
+BackboneDtype = Literal["auto", "float32", "bfloat16", "float16"]
+OBJECTIVES, REVEAL_ORDERS = get_args(Objective), get_args(RevealOrder)
+MIXED_PRECISION, BACKBONE_DTYPES = get_args(MixedPrecision), get_args(BackboneDtype)
+
+
+def _option(default: Any, help: str, *aliases: str) -> Any:
+    """A field with its `mrp-hf train` help text and other flag names (read by `HfArgumentParser`)."""
+    metadata: dict[str, Any] = {"help": help}
+    if aliases:
+        metadata["aliases"] = list(aliases)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -59,61 +69,67 @@ class MRPTrainingConfig:
     other `MRPConfig` fields go to `train_head(**head_config_overrides)`.
     """
 
+    #: `HfArgumentParser` puts the fields under this heading in `mrp-hf train --help`
+    _argument_group_name = "training (MRPTrainingConfig)"
+
     # data
-    max_length: int = 1024
-    packing: bool = False
-    append_eos: bool = True
-    chat_template: bool = False
-    eval_fraction: float = 0.05
-    eval_dataset: str | None = None
-    eval_max_samples: int = 1000
+    max_length: int = _option(1024, "tokens per row (prompt + response, truncated)")
+    packing: bool = _option(False, "pack samples into rows of --max-length instead of one padded sample per row")
+    append_eos: bool = _option(True, "end every response with the tokenizer's EOS (--no-eos: do not)")
+    chat_template: bool = _option(False, "wrap {prompt,response} rows in the tokenizer's chat template")
+    eval_fraction: float = _option(0.05, "held-out fraction of --dataset")
+    eval_dataset: str | None = _option(None, "held-out data (same formats as --dataset); None: --eval-fraction of --dataset", "--eval-file")
+    eval_max_samples: int = _option(1000, "cap on the held-out samples taken by --eval-fraction")
     # objective
-    objective: str = "kl"
-    mask_eps: float = 1e-3
-    block_length: int | None = None
-    reveal_per_block: int | str = "random"
-    reveal_max: int = 4
-    reveal_order: str = "confidence"
-    k_steps: int = 1
+    objective: Objective = _option("kl", "kl: KL(T || A + C) on positions still masked; ce: cross-entropy against the data")
+    mask_eps: float = _option(1e-3, "t ~ U(mask_eps, 1) per sample; each response token is masked with probability t")
+    block_length: int | None = _option(None, "reveal block; None: the model's block, the family's default, or 32")
+    reveal_per_block: int | str = _option("random", "reveals per block per step: an int or 'random' (1..--reveal-max)")
+    reveal_max: int = _option(4, "largest random reveal count")
+    reveal_order: RevealOrder = _option("confidence", "reveal the backbone's most confident masked positions first, or random ones")
+    k_steps: int = _option(1, "chained head steps (K + 1 backbone forwards per batch)")
     # optimisation
-    batch_size: int = 8
-    eval_batch_size: int | None = None
-    grad_accum: int = 1
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    warmup_steps: int | None = None
-    warmup_ratio: float = 0.03
-    min_lr_ratio: float = 0.0
-    max_grad_norm: float = 1.0
-    max_steps: int | None = None
-    epochs: float = 1.0
+    batch_size: int = _option(8, "rows per process per micro-batch")
+    eval_batch_size: int | None = _option(None, "held-out rows per batch; None: --batch-size")
+    grad_accum: int = _option(1, "micro-batches per optimizer step")
+    lr: float = _option(1e-3, "peak learning rate (AdamW)")
+    weight_decay: float = _option(0.0, "AdamW weight decay (not on biases and norms)")
+    adam_betas: tuple[float, float] = _option((0.9, 0.999), "AdamW betas (two numbers)")
+    adam_eps: float = _option(1e-8, "AdamW epsilon")
+    warmup_steps: int | None = _option(None, "linear warm-up steps; None: --warmup-ratio of the run")
+    warmup_ratio: float = _option(0.03, "warm-up as a fraction of the run's steps")
+    min_lr_ratio: float = _option(0.0, "the cosine decays to lr * min_lr_ratio")
+    max_grad_norm: float = _option(1.0, "gradient clipping (0: none)")
+    max_steps: int | None = _option(None, "optimizer steps (wins over --epochs)", "--steps")
+    epochs: float = _option(1.0, "passes over the training rows (when --steps is not given)")
     # run
-    eval_every: int = 500
-    save_every: int = 500
-    logging_every: int = 10
-    resume: bool = False
-    overwrite: bool = False
-    stop_after: int | None = None
-    keep_checkpoint: bool = False
-    seed: int = 0
-    mixed_precision: str = "no"
-    disable_progress: bool = False
-    num_workers: int = 0
+    eval_every: int = _option(500, "held-out evaluation every N optimizer steps (0: only at the end)")
+    save_every: int = _option(500, "checkpoint every N optimizer steps (0: only at the end and on a signal)")
+    logging_every: int = _option(10, "progress-bar loss and lr every N steps")
+    resume: bool = _option(False, "continue from OUTPUT/checkpoint (a finished run: say so and exit 0)")
+    overwrite: bool = _option(False, "delete OUTPUT's checkpoint and trained head and start over (without --resume or "
+                                     "--overwrite, an OUTPUT holding either is refused)")
+    stop_after: int | None = _option(None, "checkpoint and stop after N steps of this run (a preemption budget)")
+    keep_checkpoint: bool = _option(False, "keep OUTPUT/checkpoint after the run")
+    seed: int = _option(0, "seed of the head's initialisation, the data order and the noise")
+    mixed_precision: MixedPrecision = _option("no", "accelerate's mixed precision for the head")
+    disable_progress: bool = _option(False, "no progress bar", "--no-progress")
+    num_workers: int = _option(0, "data loader worker processes")
     # backbone
-    trust_remote_code: bool = False
-    revision: str | None = None
-    backbone_family: str | None = None
-    mask_token_id: int | None = None
-    backbone_dtype: str = "auto"
-    backbone_device_map: Any = None
-    shard_backbone: bool = True
+    trust_remote_code: bool = _option(False, "run the backbone's own modelling code from the Hub")
+    revision: str | None = _option(None, "backbone revision (branch, tag or commit)")
+    backbone_family: str | None = _option(None, "adapter family; None: detected from the config")
+    mask_token_id: int | None = _option(None, "mask token id; None: the tokenizer's, else the config's")
+    backbone_dtype: BackboneDtype = _option("auto", "dtype the frozen backbone is loaded in", "--dtype")
+    backbone_device_map: Any = _option(  # a device map: "auto", "cuda:0", or a dict from Python
+        None, 'e.g. "auto": split a large backbone over the GPUs (one process only)'
+    )
+    shard_backbone: bool = _option(True, "under an accelerate FSDP config, shard the backbone's layers "
+                                         "(--no-shard-backbone: keep a full copy per process)")
     # head
-    num_hidden_layers: int = 3
-    head_hidden_size: int | None = None
-    num_attention_heads: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    num_hidden_layers: int = _option(3, "head layers", "--num-layers")
+    head_hidden_size: int | None = _option(None, "head hidden size; None: the backbone's")
+    num_attention_heads: int | None = _option(None, "head attention heads; None: the backbone's", "--num-heads")
 
     def __post_init__(self) -> None:
         if isinstance(self.reveal_per_block, str) and self.reveal_per_block != "random":

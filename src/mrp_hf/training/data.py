@@ -82,12 +82,6 @@ class RecordSet:
     description: str
 
 
-def load_records(source: Any) -> tuple[list[dict[str, Any]], str]:
-    """The records of `source` and a short description of where they came from (see `read_records`)."""
-    found = read_records(source)
-    return found.records, found.description
-
-
 def read_records(source: Any) -> RecordSet:
     """Read and check every record of `source` (a JSONL / JSON file, a `datasets` folder, a list of dicts or a
     `datasets.Dataset`). Raises `TrainingDataError` naming the file and line of each bad record (invalid UTF-8,
