@@ -81,8 +81,8 @@ class GraphSpeculativeDecoder(BlockDecoder):
                 block.raise_if_stalled(stalled, confidence)
             if left == 0:
                 return
-            # 2. the graph's nodes (every step reveals one position at least: no deeper than the masks left)
-            graph = self.graph.truncated(left)
+            # 2. the graph's nodes, no more than the masks left allow
+            graph = self._fitted(left)
             tree = self._draft(block, ids, committed, exact, graph)
             # 3. one backbone forward over every node; each row keeps its deepest accepted node
             verify = block.forward(hidden=hidden, candidates=tree.states)
@@ -92,6 +92,18 @@ class GraphSpeculativeDecoder(BlockDecoder):
             block.record_acceptance(graph.depths(node.device)[node], masked.any(dim=1), self.graph.depth)
             lm_head_input = verify.lm_head_input[rows, node] if hidden else None
             exact = BackboneOutput(logits=verify.logits[rows, node], lm_head_input=lm_head_input)
+
+    def _fitted(self, left: int) -> DraftGraph:
+        """The graph cut to what `left` masked positions (the most of any row) allow: every step reveals one position
+        at least, so a node of depth d has at most left - d open positions and no more distinct children than
+        that many positions (twice as many with token alternatives; one more, the threshold set itself, over
+        dynamic decoding)."""
+        branching = []
+        for depth, width in enumerate(self.graph.branching[:left]):
+            open_ = left - depth
+            most = open_ + 1 if self.reveal is not None else open_ * (2 if self.token_alternatives else 1)
+            branching.append(min(width, most))
+        return DraftGraph(tuple(branching))
 
     def _draft(self, block: BlockContext, root: torch.Tensor, committed: torch.Tensor, exact: BackboneOutput,
                graph: DraftGraph) -> DraftTree:
