@@ -231,3 +231,84 @@ def test_head_free_graph_accelerates_the_bundled_model():
                          mrp_draft_graph="tree-3x2x1", **kwargs)
     assert_lossless(out, static)
     assert out.stats.backbone_forwards <= 0.7 * static.stats.backbone_forwards
+
+
+# ---------------------------------------------------------------- calibration
+SHAPES = [(1,), (1, 1, 1), (2, 2), (3, 2, 1), (4, 1, 1, 1, 1, 1), (2, 2, 2)]
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar", "fast_dllm_v2", "dream"])
+@pytest.mark.parametrize(("drafter", "threshold", "temperature"),
+                         [("head", None, 0.0), ("backbone", None, 0.8), ("head", 0.2, 0.8), ("backbone", 0.2, 0.0)])
+def test_simulated_forwards_are_the_real_ones(models, family, drafter, threshold, temperature):
+    """The ranks recorded on the base decoding's trajectory replay any shape's rounds exactly: the simulated
+    backbone forwards equal those of real speculative decoding with that shape, prompt by prompt (batch 1)."""
+    from mrp_hf.generation.calibration import record_traces, simulate_forwards
+
+    _, spec = models_for(models[family])
+    prompts = [torch.tensor([p]) for p in PROMPTS]
+    kwargs = dict(max_new_tokens=12, block_length=4, temperature=temperature, seed=9)
+    traces, tokens, extra = record_traces(spec, prompts, threshold=threshold, drafter=drafter, depth=6, width=4, **kwargs)
+    assert tokens == 12 * len(prompts)
+    for shape in SHAPES:
+        real = [spec.generate(p, mrp_mode="speculative", mrp_draft_graph=list(shape), mrp_drafter=drafter,
+                              threshold=threshold, return_dict_in_generate=True, **kwargs) for p in prompts]
+        assert simulate_forwards(traces, shape) + extra == sum(out.stats.backbone_forwards for out in real), shape
+
+
+def test_calibration_is_deterministic_and_prefers_fewer_nodes(models):
+    from mrp_hf.generation.calibration import calibration_record, candidate_shapes, record_traces
+
+    _, spec = models_for(models["llada"])
+    prompts = [torch.tensor([p]) for p in PROMPTS]
+    records = []
+    for _ in range(2):
+        traces, tokens, extra = record_traces(spec, prompts, drafter="backbone", depth=4, width=3, max_new_tokens=8,
+                                              block_length=4)
+        records.append(calibration_record(traces, tokens, extra, [2, 4, 8, 16], depth=4, width=3))
+    assert records[0] == records[1]
+    budgets = records[0]["budgets"]
+    assert [row["nodes"] <= int(b) for b, row in budgets.items()] == [True] * 4
+    forwards = [budgets[b]["forwards"] for b in ("2", "4", "8", "16")]
+    assert forwards == sorted(forwards, reverse=True) and forwards[0] < records[0]["base_forwards"]
+    assert candidate_shapes(5, 3, 3) == [(3,), (2,), (1,), (2, 1), (1, 1), (1, 1, 1)]  # (2, 1): 1 + 2 + 2 nodes
+
+
+def test_calibrate_command_stores_the_graph_a_loaded_head_then_uses(tmp_path, capsys):
+    """`mrp-hf calibrate` on a copy of the bundled head: the chosen shape lands in the head's generation_config.json,
+    MRPModel.from_pretrained picks it up as its speculative default, and decoding with it spends exactly the
+    forwards the calibration predicted, with the static tokens."""
+    import json
+    import shutil
+
+    from mrp_hf.cli import main
+    from mrp_hf.reference import bundled, held_out_items
+
+    for part in ("backbone", "head"):
+        shutil.copytree(bundled.CHECKPOINTS / part, tmp_path / part)
+    items = held_out_items(per_task=1, seed=5)
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": it.prompt}) + "\n" for it in items))
+    head = str(tmp_path / "head")
+    argv = ["calibrate", "--head", head, "--prompts", str(tmp_path / "prompts.jsonl"), "--budgets", "3,8",
+            "--budget", "8", "--max-depth", "6", "--json"]
+    assert main(argv) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    stored = json.loads((tmp_path / "head" / "generation_config.json").read_text())
+    assert stored["mrp_draft_graph"] == record["budgets"]["8"]["mrp_draft_graph"]
+    assert stored["mrp_draft_graph_calibration"]["chosen_budget"] == 8 and record["prompts"] == len(items)
+    model = MRPModel.from_pretrained(head)
+    assert model.head_generation_defaults == {"mrp_draft_graph": stored["mrp_draft_graph"]}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "backbone"))
+    forwards = 0
+    for item in items:
+        ids = tokenizer(item.prompt, return_tensors="pt")["input_ids"]
+        out = model.generate(ids, mrp_mode="speculative", return_dict_in_generate=True)
+        assert torch.equal(out.sequences, model.generate(ids))
+        forwards += out.stats.backbone_forwards
+    assert forwards == record["budgets"]["8"]["forwards"]
+    # errors: a budget not calibrated, a head that is not a local folder
+    assert main([*argv[:5], "--budgets", "3,8", "--budget", "9"]) == 2
+    assert main(["calibrate", "--head", "someone/hub-head", "--prompts", str(tmp_path / "prompts.jsonl")]) == 2
+    assert "is not a local folder" in capsys.readouterr().err

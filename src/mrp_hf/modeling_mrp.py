@@ -210,6 +210,9 @@ class MRPModel(nn.Module):
         self.backbone = backbone
         self.adapter = adapter
         self.head = head
+        #: decoding defaults the head carries (its generation_config.json: a calibrated `mrp_draft_graph`), applied
+        #: over the backbone's generation config and under the caller's arguments
+        self.head_generation_defaults: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -282,6 +285,9 @@ class MRPModel(nn.Module):
         )
         head.to(device=model.device)
         head.eval()
+        from .generation.calibration import head_generation_defaults
+
+        model.head_generation_defaults = head_generation_defaults(head_name_or_path, revision=revision, **hub_kwargs)
         return model
 
     @classmethod
@@ -353,6 +359,8 @@ class MRPModel(nn.Module):
                 f"{type(generation_config).__name__}; pass its fields as keyword arguments instead."
             )
         config = build_generation_config(self.generation_config)
+        if self.head_generation_defaults:
+            config = build_generation_config(config, **self.head_generation_defaults)
         if generation_config is not None:
             config = build_generation_config(config, **_explicit_fields(generation_config))
         if kwargs:

@@ -54,7 +54,7 @@ class GraphSpeculativeDecoder(BlockDecoder):
         self.reveal = reveal
         self.token_alternatives = token_alternatives
 
-    def _step(self, confidence: torch.Tensor, open_: torch.Tensor) -> torch.Tensor:
+    def step(self, confidence: torch.Tensor, open_: torch.Tensor) -> torch.Tensor:
         """The base decoding's reveals for confidences [..., L] (a bool mask of the same shape)."""
         if self.reveal is None:
             return top_k_positions(confidence, open_, 1)
@@ -70,7 +70,7 @@ class GraphSpeculativeDecoder(BlockDecoder):
             masked = ids == block.mask_id
             committed = block.committed
             tokens, confidence = block.propose(exact.logits, masked, committed)
-            step = self._step(confidence, masked)
+            step = self.step(confidence, masked)
             stalled = masked.any(dim=1) & ~step.any(dim=1)
             ids = torch.where(step, tokens, ids)
             block.commit(ids, step.sum(dim=1))
@@ -114,9 +114,9 @@ class GraphSpeculativeDecoder(BlockDecoder):
         acc = exact.lm_head_input.unsqueeze(1) if self.head is not None else None  # h on S, per parent node
         for width in graph.branching:
             parents = states[-1]  # [n, P, L]
-            logits, acc = self._draft_logits(block, parents, exact, acc)
+            logits, acc = self.draft_logits(block, parents, exact.logits.unsqueeze(1), acc)
             open_ = parents == block.mask_id
-            reveal, tokens, ok = self._children(block, logits, open_, counts[-1], width)  # [n, P, W, L] / [n, P, W]
+            reveal, tokens, ok = self.children(block, logits, open_, counts[-1], width)  # [n, P, W, L] / [n, P, W]
             states.append(torch.where(reveal, tokens, parents.unsqueeze(2)).flatten(1, 2))
             reveals.append(reveal.flatten(1, 2))
             counts.append((counts[-1].unsqueeze(2) + reveal.sum(dim=-1)).flatten(1, 2))
@@ -126,11 +126,13 @@ class GraphSpeculativeDecoder(BlockDecoder):
         return DraftTree(torch.cat(states, dim=1), torch.cat(reveals, dim=1), torch.cat(counts, dim=1),
                          torch.cat(valid, dim=1))
 
-    def _draft_logits(self, block: BlockContext, parents: torch.Tensor, exact: BackboneOutput, acc):
-        """Draft logits on every parent node [n, P, L, V] and the head's accumulators after them [n, P, L, H]."""
+    def draft_logits(self, block: BlockContext, parents: torch.Tensor, stale: torch.Tensor, acc):
+        """Draft logits on every parent node [n, P, L, V] and the head's accumulators after them [n, P, L, H].
+        `stale`: the backbone's logits on the round's S ([n, 1 or P, L, V]); `acc`: the accumulators the head
+        continues from ([n, P, L, H]; h_A on S for the root's level)."""
         n, count, length = parents.shape
         if self.head is None:  # auto-speculation: the backbone's own logits on S, C = 0
-            return exact.logits.unsqueeze(1).expand(n, count, *exact.logits.shape[1:]), None
+            return stale.expand(n, count, *stale.shape[2:]), None
         flat_acc = acc.flatten(0, 1)
         positions = block.positions.repeat_interleave(count, dim=0)
         flat_acc = flat_acc + self.head(block.embed(parents.flatten(0, 1)), flat_acc, position_ids=positions)
@@ -138,7 +140,7 @@ class GraphSpeculativeDecoder(BlockDecoder):
         block.head_forward_done(logits)
         return logits.view(n, count, length, -1), flat_acc.view(n, count, length, -1)
 
-    def _children(self, block: BlockContext, logits, open_, committed, width: int):
+    def children(self, block: BlockContext, logits, open_, committed, width: int):
         """Up to `width` different next steps per parent: reveal masks and their tokens [n, P, W, L], valid [n, P, W]."""
         tokens, confidence = block.propose(logits, open_, committed)
         if self.reveal is not None:
@@ -176,7 +178,7 @@ class GraphSpeculativeDecoder(BlockDecoder):
     def _dynamic_children(self, tokens, confidence, open_, width: int):
         """The threshold rule's set on the draft confidences, then that set with the k-th least certain membership
         flipped (positions ordered by |confidence - threshold|), for k = 0 .. width - 2."""
-        base = self._step(confidence, open_)  # [n, P, L]
+        base = self.step(confidence, open_)  # [n, P, L]
         reveal, flipped = [base], [torch.ones_like(base[..., 0])]
         if width > 1:
             distance = (confidence - self.reveal.threshold).abs().masked_fill(~open_, float("inf"))
@@ -196,7 +198,7 @@ class GraphSpeculativeDecoder(BlockDecoder):
         """Per row, the index of its deepest node on the path of the backbone's own steps from the root [n]."""
         on = tree.states == block.mask_id
         v_tokens, v_confidence = block.propose(logits, on, tree.committed)
-        v_step = self._step(v_confidence, on)  # the backbone's own step on every node [n, N, L]
+        v_step = self.step(v_confidence, on)  # the backbone's own step on every node [n, N, L]
         parents = graph.parents(logits.device)
         step_of_parent, tokens_of_parent = v_step[:, parents], v_tokens[:, parents]
         same_reveal = (step_of_parent == tree.reveals).all(dim=-1)
