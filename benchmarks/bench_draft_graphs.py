@@ -7,6 +7,8 @@ chain (`mrp_mode="speculative"` without a graph, the head's `mrp_draft_tokens` c
 whether every output equals the base decoding's token for token. Settings:
 - static; the chain (head); each graph of `--graphs` drafted by the head and by the backbone itself
   (`mrp_drafter="backbone"`, no head: auto-speculation, so the head's contribution is the difference);
+- the calibrated graphs: for each budget of `--budgets`, the shape `mrp-hf calibrate` chooses (generation/
+  calibration.py) from other held-out prompts (`--calibration-per-task` per task, another seed), per drafter;
 - for each threshold of `--thresholds`: dynamic decoding, and the graphs of `--dynamic-graphs` over it (head and
   head-free).
 Seconds are wall-clock (`time.perf_counter`) and CPU seconds of this process (`time.process_time`, which a busy
@@ -41,10 +43,24 @@ def load(args):
     model = mrp_hf.MRPModel.from_pretrained(head, backbone=backbone)
     tokenizer = AutoTokenizer.from_pretrained(args.backbone or str(backbone_path()))
     prompts = [tokenizer(item.prompt, return_tensors="pt")["input_ids"] for item in held_out_items(per_task=args.per_task)]
-    return model, prompts
+    return model, tokenizer, prompts
 
 
-def settings(args) -> list[dict]:
+def calibrated(model, tokenizer, args) -> list[tuple[str, int, list[int]]]:
+    """(drafter, budget, shape) chosen on a calibration set of held-out prompts drawn with another seed."""
+    from mrp_hf.generation.calibration import calibration_record, record_traces
+
+    items = held_out_items(per_task=args.calibration_per_task, seed=args.calibration_seed)
+    prompts = [tokenizer(item.prompt, return_tensors="pt")["input_ids"] for item in items]
+    out = []
+    for drafter in ("head", "backbone"):
+        traces, tokens, extra = record_traces(model, prompts, drafter=drafter, depth=args.max_depth, width=4)
+        record = calibration_record(traces, tokens, extra, args.budgets, args.max_depth, 4)
+        out += [(drafter, int(budget), row["mrp_draft_graph"]) for budget, row in record["budgets"].items()]
+    return out
+
+
+def settings(args, calibrated_shapes=()) -> list[dict]:
     """(label, base label, generate kwargs) rows; the base of a row is the static or dynamic row it must equal."""
     rows = [{"label": "static", "base": "static", "kwargs": {}, "graph": None, "drafter": None},
             {"label": f"chain:{args.draft_tokens} (head)", "base": "static", "graph": None, "drafter": "head",
@@ -54,6 +70,10 @@ def settings(args) -> list[dict]:
             rows.append({"label": f"{graph} ({drafter})", "base": "static", "graph": graph, "drafter": drafter,
                          "kwargs": {"mrp_mode": "speculative", "mrp_draft_graph": graph, "mrp_drafter": drafter,
                                     "mrp_draft_tokens": args.draft_tokens}})
+    for drafter, budget, shape in calibrated_shapes:
+        rows.append({"label": f"calibrated, {budget} nodes: {shape} ({drafter})", "base": "static", "graph": shape,
+                     "drafter": drafter, "kwargs": {"mrp_mode": "speculative", "mrp_draft_graph": shape,
+                                                    "mrp_drafter": drafter}})
     for threshold in args.thresholds:
         base = f"dynamic@{threshold}"
         rows.append({"label": base, "base": base, "kwargs": {"threshold": threshold}, "graph": None, "drafter": None})
@@ -144,13 +164,19 @@ def main() -> None:
     parser.add_argument("--thresholds", default="0.9,0.7,0.5", type=lambda s: [float(t) for t in s.split(",")])
     parser.add_argument("--dynamic-graphs", default="chain-2,tree-2x2", type=lambda s: s.split(","))
     parser.add_argument("--draft-tokens", type=int, default=3, help="the chain's K (the head's default)")
+    parser.add_argument("--budgets", default="8,16", type=lambda s: [int(b) for b in s.split(",") if b],
+                        help="node budgets to calibrate a shape for ('' for none)")
+    parser.add_argument("--calibration-per-task", type=int, default=6)
+    parser.add_argument("--calibration-seed", type=int, default=99, help="held_out_items seed of the calibration set")
+    parser.add_argument("--max-depth", type=int, default=7, help="deepest calibrated graph")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, prompts = load(args)
-    rows = settings(args)
+    model, tokenizer, prompts = load(args)
+    shapes = calibrated(model, tokenizer, args) if args.budgets else []
+    rows = settings(args, shapes)
     measure(model, prompts, rows, args.repeats)
     results = summarize(rows)
     print(f"{len(prompts)} prompts, batch 1, {args.threads} thread(s), {args.repeats} interleaved repeats; "

@@ -339,7 +339,9 @@ class MRPModel(nn.Module):
 
         Keyword arguments are `MRPGenerationConfig` fields: `max_new_tokens`, `block_length`, `steps`,
         `tokens_per_step`, `threshold`, `confidence`, `temperature`, `top_k`, `top_p`, `seed`,
-        `prefix_cache`, `mrp_mode`, `mrp_draft_tokens`, `eos_token_id`, `pad_token_id`.
+        `prefix_cache`, `mrp_mode`, `mrp_draft_tokens`, `mrp_draft_graph`, `mrp_drafter`, `eos_token_id`,
+        `pad_token_id`. A head loaded with `from_pretrained` may carry a calibrated `mrp_draft_graph` (its
+        generation_config.json, `head_generation_defaults`), applied over the backbone's config.
         """
         # 1. configuration
         if "mask_token_id" in kwargs:
