@@ -312,3 +312,14 @@ def test_calibrate_command_stores_the_graph_a_loaded_head_then_uses(tmp_path, ca
     assert main([*argv[:5], "--budgets", "3,8", "--budget", "9"]) == 2
     assert main(["calibrate", "--head", "someone/hub-head", "--prompts", str(tmp_path / "prompts.jsonl")]) == 2
     assert "is not a local folder" in capsys.readouterr().err
+    # --budget auto: the budgets' shapes timed against the base decoding, the fastest stored
+    assert main([*argv[:5], "--budgets", "3,8", "--budget", "auto", "--drafter", "backbone", "--timing-repeats", "1",
+                 "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    shapes = {"x".join(map(str, row["mrp_draft_graph"])) for row in record["budgets"].values()}
+    assert set(record["measured_speedups"]) == shapes
+    best = max(record["measured_speedups"].values())
+    assert record["fastest"]["measured_speedup_vs_base"] == best
+    stored = json.loads((tmp_path / "head" / "generation_config.json").read_text())
+    assert stored["mrp_draft_graph"] == record["fastest"]["mrp_draft_graph"]
+    assert stored["mrp_draft_graph_calibration"]["chosen_budget"] == "auto"

@@ -162,7 +162,10 @@ def add_calibrate_arguments(cal: argparse.ArgumentParser) -> None:
     cal.add_argument("--backbone", help="its backbone (default: the one named in the head's config)")
     cal.add_argument("--prompts", required=True, help="held-out prompts: JSONL with 'prompt', or one per line")
     cal.add_argument("--budgets", default="4,8,16,32", help="node budgets (nodes per verify forward, root included)")
-    cal.add_argument("--budget", type=int, default=8, help="the budget whose shape is stored as mrp_draft_graph")
+    cal.add_argument("--budget", default="auto",
+                     help="the shape stored as mrp_draft_graph: a node budget of --budgets, or 'auto': the budgets' "
+                          "shape that decodes the prompts fastest on this machine (timed against the base decoding)")
+    cal.add_argument("--timing-repeats", type=int, default=3, help="with --budget auto: interleaved timed passes")
     cal.add_argument("--threshold", type=float, default=None, help="calibrate over dynamic decoding at this threshold")
     cal.add_argument("--drafter", choices=["head", "backbone"], default="head", help="who drafts (mrp_drafter)")
     cal.add_argument("--max-depth", type=int, default=8, help="deepest graph considered")
@@ -184,12 +187,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     decoding's steps on held-out prompts (generation/calibration.py); store the --budget one in the head folder."""
     import os
 
-    from .generation.calibration import calibration_record, record_traces, write_head_calibration
+    from .generation.calibration import (
+        calibration_record,
+        choose_shapes,
+        measured_speedups,
+        record_traces,
+        write_head_calibration,
+    )
     from .reference.demo import load_prompts
 
     budgets = sorted({int(b) for b in args.budgets.split(",")})
-    if args.budget not in budgets:
-        raise UsageError(f"--budget {args.budget} is not among --budgets {args.budgets}; add it there")
+    budget = args.budget if args.budget == "auto" else int(args.budget) if args.budget.isdigit() else None
+    if budget is None or (budget != "auto" and budget not in budgets):
+        raise UsageError(f"--budget {args.budget} is neither 'auto' nor among --budgets {args.budgets}; add it there")
     if not args.dry_run and not os.path.isdir(args.head):
         raise UsageError(f"--head {args.head} is not a local folder: calibrate writes its generation_config.json; "
                          f"download the head first, or pass --dry-run")
@@ -202,18 +212,32 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     traces, tokens, extra = record_traces(model, prompts, threshold=args.threshold, drafter=args.drafter,
                                           depth=args.max_depth, width=args.max_width,
                                           **{k: v for k, v in options.items() if v is not None})
-    record = calibration_record(traces, tokens, extra, budgets, args.max_depth, args.max_width)
+    speedups = None
+    if budget == "auto":  # which budget's shape is fastest here is measured, on the same prompts
+        shapes = list(dict.fromkeys(c.branching for c in choose_shapes(traces, tokens, budgets, args.max_depth,
+                                                                       args.max_width)))
+        speedups = measured_speedups(model, prompts, shapes, drafter=args.drafter, threshold=args.threshold,
+                                     repeats=args.timing_repeats, **{k: v for k, v in options.items() if v is not None})
+    record = calibration_record(traces, tokens, extra, budgets, args.max_depth, args.max_width, speedups)
     record.update(prompts=len(prompts), drafter=args.drafter, threshold=args.threshold,
                   base="static" if args.threshold is None else "dynamic", temperature=args.temperature)
-    for budget, row in record["budgets"].items():
-        print(f"budget {budget:>3} nodes: mrp_draft_graph={row['mrp_draft_graph']} ({row['nodes']} nodes), "
+    for nodes, row in record["budgets"].items():
+        print(f"budget {nodes:>3} nodes: mrp_draft_graph={row['mrp_draft_graph']} ({row['nodes']} nodes), "
               f"{row['forwards']} forwards for {tokens} tokens ({row['tokens_per_forward']} per forward; base "
               f"decoding: {record['base_forwards']})")
+    if speedups is not None:
+        row = record["fastest"]
+        print(f"fastest here: mrp_draft_graph={row['mrp_draft_graph']} ({row['nodes']} nodes), {row['forwards']} "
+              f"forwards, measured {row['measured_speedup_vs_base']}x the base decoding's speed (CPU seconds; "
+              f"every budget's shape: {record['measured_speedups']})")
+        if row["measured_speedup_vs_base"] <= 1:
+            print(f"note: no calibrated shape decodes faster than the base decoding on this machine with the "
+                  f"{args.drafter} drafting (its drafts or its verify forwards cost more than they save here)")
     if args.dry_run:
         print("--dry-run: nothing written", file=sys.stderr)
     else:
-        write_head_calibration(args.head, record, args.budget)
-        print(f"wrote mrp_draft_graph={record['budgets'][str(args.budget)]['mrp_draft_graph']} (budget {args.budget}) to "
+        stored = write_head_calibration(args.head, record, budget)
+        print(f"wrote mrp_draft_graph={stored['mrp_draft_graph']} (budget {budget}) to "
               f"{os.path.join(args.head, 'generation_config.json')}", file=sys.stderr)
     if args.json:
         print(json.dumps(record))

@@ -62,6 +62,8 @@ class RankRecorder(BlockDecoder):
                 block.raise_if_stalled(masked.any(dim=1), confidence)
             ids = torch.where(step, tokens, ids)
             block.commit(ids, step.sum(dim=1))
+        if not logits:  # nothing to decode in this block: no forward, no trace
+            return
         states.append(ids)
         committed.append(block.committed)
         self.traces.append(self._trace(block, states, logits, accumulators, committed))
@@ -99,9 +101,13 @@ class RankRecorder(BlockDecoder):
 def simulate_forwards(traces: list[BlockTrace], branching: tuple[int, ...]) -> int:
     """Backbone forwards the graph decoder spends on these blocks with this branching (batch 1): per block one
     forward on the first state, then per round the exact step and, unless it finished the block, one verify."""
+    return len(traces) + simulate_verifies(traces, branching)
+
+
+def simulate_verifies(traces: list[BlockTrace], branching: tuple[int, ...]) -> int:
+    """The verify forwards among `simulate_forwards` (the rounds that drafted a graph)."""
     forwards = 0
     for trace in traces:
-        forwards += 1
         start = 0
         while True:
             root = start + 1  # after the round's exact step
@@ -152,6 +158,32 @@ def choose_shapes(traces: list[BlockTrace], tokens: int, budgets: list[int], max
     return choices
 
 
+def measured_speedups(model, prompts: list[torch.Tensor], shapes: list[tuple[int, ...]], drafter: str = "head",
+                      threshold: float | None = None, repeats: int = 3, **generate_kwargs) -> dict[tuple[int, ...], float]:
+    """Per shape: the base decoding's CPU seconds over these prompts (one at a time) / speculative decoding's with
+    that shape, medians of `repeats` interleaved passes (process CPU time: a busy shared machine disturbs it less
+    than wall-clock). Measured rather than modelled: a round's cost has parts (drafting, the acceptance over every
+    node, Python per round) that no per-forward figure predicts."""
+    import statistics
+    import time
+
+    settings = [{"threshold": threshold, **generate_kwargs}] + [
+        {"mrp_mode": "speculative", "mrp_draft_graph": list(shape), "mrp_drafter": drafter, "threshold": threshold,
+         **generate_kwargs} for shape in shapes]
+    seconds = [[] for _ in settings]
+    for ids in prompts[:1]:  # warm-up
+        for kwargs in settings:
+            model.generate(ids.to(model.device), **kwargs)
+    for _ in range(repeats):
+        for kwargs, spent in zip(settings, seconds, strict=True):
+            start = time.process_time()
+            for ids in prompts:
+                model.generate(ids.to(model.device), **kwargs)
+            spent.append(time.process_time() - start)
+    base = statistics.median(seconds[0])
+    return {shape: round(base / statistics.median(spent), 3) for shape, spent in zip(shapes, seconds[1:], strict=True)}
+
+
 def record_traces(model, prompts: list[torch.Tensor], threshold: float | None = None, drafter: str = "head",
                   depth: int = 8, width: int = 4, **generate_kwargs) -> tuple[list[BlockTrace], int, int]:
     """Decode each prompt ([1, T] ids) alone with the base decoding (static, or dynamic at `threshold`), recording
@@ -175,20 +207,23 @@ def record_traces(model, prompts: list[torch.Tensor], threshold: float | None = 
 
 
 def calibration_record(traces: list[BlockTrace], tokens: int, extra_forwards: int, budgets: list[int],
-                       depth: int, width: int) -> dict:
-    """The per-budget choices as stored in a head's generation_config.json (`mrp_draft_graph_calibration`)."""
+                       depth: int, width: int, speedups: dict[tuple[int, ...], float] | None = None) -> dict:
+    """The per-budget choices as stored in a head's generation_config.json (`mrp_draft_graph_calibration`); with
+    `speedups` measured for some shapes, also the fastest of them (`"fastest"`)."""
     choices = choose_shapes(traces, tokens, budgets, depth, width)
-    static_forwards = sum(trace.steps for trace in traces) + extra_forwards
-    return {
-        "base_forwards": static_forwards,
-        "tokens": tokens,
-        "budgets": {
-            str(c.budget): {"mrp_draft_graph": list(c.branching), "nodes": DraftGraph(c.branching).nodes,
-                            "forwards": c.forwards + extra_forwards,
-                            "tokens_per_forward": round(tokens / (c.forwards + extra_forwards), 4)}
-            for c in choices
-        },
-    }
+
+    def entry(shape):
+        forwards = simulate_forwards(traces, shape) + extra_forwards
+        return {"mrp_draft_graph": list(shape), "nodes": DraftGraph(shape).nodes, "forwards": forwards,
+                "tokens_per_forward": round(tokens / forwards, 4)}
+
+    record = {"base_forwards": sum(trace.steps for trace in traces) + extra_forwards, "tokens": tokens,
+              "budgets": {str(c.budget): entry(c.branching) for c in choices}}
+    if speedups:
+        shape = max(speedups, key=lambda s: (speedups[s], -DraftGraph(s).nodes))
+        record["fastest"] = {**entry(shape), "measured_speedup_vs_base": speedups[shape]}
+        record["measured_speedups"] = {"x".join(map(str, s)): v for s, v in speedups.items()}
+    return record
 
 
 #: the decoding defaults a head folder's generation_config.json may carry (written by `mrp-hf calibrate`)
@@ -212,17 +247,19 @@ def head_generation_defaults(head_name_or_path: str, revision: str | None = None
     return {key: stored[key] for key in HEAD_GENERATION_KEYS if stored.get(key) is not None}
 
 
-def write_head_calibration(head_folder: str, record: dict, budget: int) -> dict:
+def write_head_calibration(head_folder: str, record: dict, budget: int | str) -> dict:
     """Store the calibration in the head folder's generation_config.json (other keys kept): `mrp_draft_graph` = the
-    shape chosen for `budget`, and the whole record under `mrp_draft_graph_calibration`. Returns what was written."""
+    shape chosen for `budget` (a node budget, or "auto": the fastest), and the whole record under
+    `mrp_draft_graph_calibration`. Returns what was written."""
     import json
     import os
 
     from .draft_graph import parse_draft_graph
 
-    chosen = record["budgets"].get(str(budget))
+    chosen = record.get("fastest") if budget == "auto" else record["budgets"].get(str(budget))
     if chosen is None:
-        raise ValueError(f"budget {budget} was not calibrated; choose one of {sorted(map(int, record['budgets']))}.")
+        raise ValueError(f"budget {budget!r} was not calibrated; choose one of {sorted(map(int, record['budgets']))}"
+                         f"{' or auto (with measured speed-ups)' if 'fastest' in record else ''}.")
     parse_draft_graph(chosen["mrp_draft_graph"], 1)
     path = os.path.join(head_folder, "generation_config.json")
     stored = {}
