@@ -17,7 +17,12 @@ shared machine disturbs less); ratios are taken per repeat and their median repo
 Model: the bundled reference DLM + head (default), or `--head FOLDER` (its backbone from its config, or
 `--backbone`). Prompts: the reference tasks' held-out items (`--per-task` of each task).
 
+`--verify-sweep 1,2,4,8,16,32` instead measures what a verify forward costs by node count, stacked and packed, per
+family that can pack (the stand-ins of bench_verify_layout.py and the reference DLM; batch 1, CPU seconds,
+medians of interleaved repeats): the figure a node budget stands for.
+
     OMP_NUM_THREADS=1 python benchmarks/bench_draft_graphs.py [--repeats 5] [--graphs chain-4,tree-2x2] [--json out.json]
+    OMP_NUM_THREADS=1 python benchmarks/bench_draft_graphs.py --verify-sweep 1,2,4,8,16,32 [--json sweep.json]
 """
 
 from __future__ import annotations
@@ -154,6 +159,43 @@ def print_table(results: list[dict]) -> None:
               f"| {chain} | {r['identical_to_base']} |")
 
 
+def verify_sweep(counts: list[int], repeats: int) -> list[dict]:
+    """Per packable family and node count: the verify forward's CPU ms, stacked and packed (batch 1)."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_verify_layout import CASES, STAND_IN_MASK_ID, STAND_IN_SIZE, VerifyTimer, reference_model
+    from stand_ins import load_stand_in
+
+    from mrp_hf.generation.config import MRPGenerationConfig
+    from mrp_hf.generation.engine import DecodingEngine
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, family, prefix_cache in CASES:
+            if family == "reference":
+                backbone, _, ids, mask, block_length, _ = reference_model(1)
+                mask_id, new_tokens = None, block_length
+            else:
+                backbone = load_stand_in(family, tmp, **STAND_IN_SIZE)
+                mask_id, block_length, new_tokens = STAND_IN_MASK_ID, 4, 12
+                ids = torch.randint(0, 120, (1, 96), generator=torch.Generator().manual_seed(0))
+                mask = torch.ones_like(ids)
+            adapter = mrp_hf.get_adapter(backbone, mask_token_id=mask_id)
+            config = MRPGenerationConfig(max_new_tokens=new_tokens, block_length=block_length, prefix_cache=prefix_cache)
+            row = {"case": label, "node_tokens": block_length, "stacked_ms": {}, "packed_ms": {}}
+            for count in counts:
+                timer = VerifyTimer(copies=count, repeats=repeats)
+                DecodingEngine(adapter, config, block_decoder=timer).run(ids, mask)
+                for layout in ("stacked", "packed"):
+                    row[f"{layout}_ms"][count] = round(statistics.median(timer.seconds[layout]) * 1e3, 3)
+            rows.append(row)
+            print(f"| {label} | " + " | ".join(
+                f"{row['stacked_ms'][c]:.2f} / {row['packed_ms'][c]:.2f}" for c in counts) + " |", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", help="an MRP head folder (default: the bundled reference head)")
@@ -171,9 +213,19 @@ def main() -> None:
     parser.add_argument("--max-depth", type=int, default=7, help="deepest calibrated graph")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--verify-sweep", type=lambda s: [int(c) for c in s.split(",")],
+                        help="node counts: measure the verify forward's cost by node count instead")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.verify_sweep:
+        print(f"verify forward, CPU ms stacked / packed, batch 1, {args.threads} thread(s), median of {args.repeats}")
+        print("| case | " + " | ".join(f"{c} nodes" for c in args.verify_sweep) + " |")
+        print("|---|" + "---|" * len(args.verify_sweep))
+        rows = verify_sweep(args.verify_sweep, args.repeats)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return
     model, tokenizer, prompts = load(args)
     shapes = calibrated(model, tokenizer, args) if args.budgets else []
     rows = settings(args, shapes)
