@@ -323,3 +323,21 @@ def test_calibrate_command_stores_the_graph_a_loaded_head_then_uses(tmp_path, ca
     stored = json.loads((tmp_path / "head" / "generation_config.json").read_text())
     assert stored["mrp_draft_graph"] == record["fastest"]["mrp_draft_graph"]
     assert stored["mrp_draft_graph_calibration"]["chosen_budget"] == "auto"
+
+
+def test_evaluation_modes_take_draft_graphs(models):
+    """`mrp-hf eval --modes ...,speculative:tree-2x2` and dict modes with a head-free drafter or a threshold."""
+    from mrp_hf.evaluation.runner import mode_generate_kwargs, mode_label, parse_modes
+
+    modes = parse_modes(["speculative:tree-2x2", {"mode": "speculative", "threshold": 0.5, "mrp_draft_graph": "chain",
+                                                  "mrp_drafter": "backbone"}])
+    assert modes[1] == {"mode": "speculative", "mrp_draft_graph": "tree-2x2"}
+    assert [mode_label(m) for m in modes] == ["static", "speculative:tree-2x2",
+                                              'speculative:0.5:chain{"mrp_drafter": "backbone"}']
+    plain = MRPModel.from_backbone(models["sdar"], mask_token_id=STAND_IN_MASK_ID)
+    ids, mask = batch(PROMPTS)
+    dynamic = plain.generate(ids, attention_mask=mask, max_new_tokens=8, block_length=4, threshold=0.5)
+    out = plain.generate(ids, attention_mask=mask, max_new_tokens=8, block_length=4, **mode_generate_kwargs(modes[2]))
+    assert torch.equal(out, dynamic)
+    with pytest.raises(ValueError, match="drop threshold=0.5"):
+        parse_modes([{"mode": "speculative", "threshold": 0.5}])
