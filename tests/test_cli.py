@@ -147,7 +147,7 @@ def test_a_cached_hub_id_passes_the_check(tmp_path):
     check_model_source("someone/cached", cache_dir=str(tmp_path))
 
 
-@pytest.mark.parametrize("command", ["generate", "eval", "demo"])
+@pytest.mark.parametrize("command", ["generate", "eval", "demo", "calibrate"])
 def test_help_shows_each_options_default(command):
     from mrp_hf.cli import build_parser
 

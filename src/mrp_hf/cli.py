@@ -1,7 +1,7 @@
 """`mrp-hf`: command-line entry point.
 
 Subcommands: `families`, `generate` (decode prompts with any supported backbone), `train` (train an MRP head on
-a frozen backbone, docs/training.md), `demo` (every mode on the bundled reference DLM, docs/benchmarks.md),
+a frozen backbone, docs/training.md), `calibrate` (a head's draft graph shape, docs/modes.md#draft-graphs), `demo` (every mode on the bundled reference DLM, docs/benchmarks.md),
 `eval` (modes on HumanEval / GSM8K / reference tasks, docs/evaluation.md) and `lm-eval` (lm-evaluation-harness's
 own command line with the `mrp-hf` model registered, docs/evaluation.md#lm-evaluation-harness).
 """
@@ -63,7 +63,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         ]
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not args.chat)
     options = {"max_new_tokens": args.max_new_tokens, "block_length": args.block_length, "threshold": args.threshold,
-               "mrp_mode": args.mrp_mode, "mrp_draft_tokens": args.draft_tokens}
+               "mrp_mode": args.mrp_mode, "mrp_draft_tokens": args.draft_tokens,
+               "mrp_draft_graph": _draft_graph_option(args.draft_graph), "mrp_drafter": args.drafter}
     start = time.perf_counter()
     out = model.generate(
         batch["input_ids"].to(model.device), attention_mask=batch["attention_mask"].to(model.device),
@@ -79,6 +80,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     stats["wall_seconds"] = round(seconds, 3)
     print(json.dumps(stats), file=sys.stderr)
     return 0
+
+
+def _draft_graph_option(value: str | None):
+    """--draft-graph: a shape name ("tree-2x2") or comma-separated branchings ("3,2,1")."""
+    if value is None or not value.replace(",", "").strip().isdigit():
+        return value
+    return [int(part) for part in value.split(",")]
 
 
 def _generation_model(args: argparse.Namespace, command: str):
@@ -97,8 +105,10 @@ def _generation_model(args: argparse.Namespace, command: str):
         args.backbone, args.head = str(bundled.backbone_path()), str(bundled.head_path())
     if not args.backbone and not args.head:
         raise UsageError("give --backbone ID_OR_PATH, --head PATH (its config names the backbone), or --reference")
-    if args.mrp_mode not in (None, "off") and not args.head:
-        raise UsageError(f"--mrp-mode {args.mrp_mode} needs a trained head: add --head PATH (or use --reference)")
+    head_free = args.mrp_mode == "speculative" and getattr(args, "drafter", None) == "backbone"
+    if args.mrp_mode not in (None, "off") and not args.head and not head_free:
+        also = " (or --drafter backbone: drafts from the backbone itself)" if args.mrp_mode == "speculative" else ""
+        raise UsageError(f"--mrp-mode {args.mrp_mode} needs a trained head: add --head PATH (or use --reference){also}")
     load = {"trust_remote_code": args.trust_remote_code, "revision": args.revision,
             "torch_dtype": resolve_dtype(args.dtype), "device_map": args.device_map}
     identity = {"backbone_family": args.backbone_family, "mask_token_id": args.mask_token_id}
@@ -145,6 +155,93 @@ def _choose_threads(args: argparse.Namespace, command: str, model=None) -> None:
         raise UsageError(f"--threads {threads}: give a positive number of threads")
     torch.set_num_threads(threads)
     print(f"mrp-hf {command}: {threads} torch thread{'s' if threads > 1 else ''} ({why})", file=sys.stderr)
+
+
+def add_calibrate_arguments(cal: argparse.ArgumentParser) -> None:
+    cal.add_argument("--head", required=True, help="a local MRP head folder (its generation_config.json is written)")
+    cal.add_argument("--backbone", help="its backbone (default: the one named in the head's config)")
+    cal.add_argument("--prompts", required=True, help="held-out prompts: JSONL with 'prompt', or one per line")
+    cal.add_argument("--budgets", default="4,8,16,32", help="node budgets (nodes per verify forward, root included)")
+    cal.add_argument("--budget", default="auto",
+                     help="the shape stored as mrp_draft_graph: a node budget of --budgets, or 'auto': the budgets' "
+                          "shape that decodes the prompts fastest on this machine (timed against the base decoding)")
+    cal.add_argument("--timing-repeats", type=int, default=3, help="with --budget auto: interleaved timed passes")
+    cal.add_argument("--threshold", type=float, default=None, help="calibrate over dynamic decoding at this threshold")
+    cal.add_argument("--drafter", choices=["head", "backbone"], default="head", help="who drafts (mrp_drafter)")
+    cal.add_argument("--max-depth", type=int, default=8, help="deepest graph considered")
+    cal.add_argument("--max-width", type=int, default=4, help="widest branching considered")
+    cal.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's generation_config.json")
+    cal.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: calibrate for sampling")
+    cal.add_argument("--seed", type=int, default=0, help="keys the sampling draws")
+    cal.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                     help="auto: the checkpoint's own")
+    cal.add_argument("--trust-remote-code", action="store_true", help="run the backbone's own modeling code from its repo")
+    cal.add_argument("--threads", type=int, default=None,
+                     help="torch CPU threads (default: 1 for a model under 100M parameters on the CPU, else torch's)")
+    cal.add_argument("--dry-run", action="store_true", help="print the choices, write nothing")
+    cal.add_argument("--json", action="store_true", help="print the whole record as JSON")
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    """`mrp-hf calibrate`: choose a draft graph shape per node budget from the ranks the drafter gives the base
+    decoding's steps on held-out prompts (generation/calibration.py); store the --budget one in the head folder."""
+    import os
+
+    from .generation.calibration import (
+        calibration_record,
+        choose_shapes,
+        measured_speedups,
+        record_traces,
+        write_head_calibration,
+    )
+    from .reference.demo import load_prompts
+
+    budgets = sorted({int(b) for b in args.budgets.split(",")})
+    budget = args.budget if args.budget == "auto" else int(args.budget) if args.budget.isdigit() else None
+    if budget is None or (budget != "auto" and budget not in budgets):
+        raise UsageError(f"--budget {args.budget} is neither 'auto' nor among --budgets {args.budgets}; add it there")
+    if not args.dry_run and not os.path.isdir(args.head):
+        raise UsageError(f"--head {args.head} is not a local folder: calibrate writes its generation_config.json; "
+                         f"download the head first, or pass --dry-run")
+    args.reference, args.mrp_mode, args.revision, args.device_map = False, None, None, None
+    args.backbone_family = args.mask_token_id = None
+    model, tokenizer = _generation_model(args, "calibrate")
+    prompts = [tokenizer(item["prompt"], return_tensors="pt")["input_ids"] for item in load_prompts(args.prompts)]
+    options = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
+               "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    traces, tokens, extra = record_traces(model, prompts, threshold=args.threshold, drafter=args.drafter,
+                                          depth=args.max_depth, width=args.max_width,
+                                          **{k: v for k, v in options.items() if v is not None})
+    speedups = None
+    if budget == "auto":  # which budget's shape is fastest here is measured, on the same prompts
+        shapes = list(dict.fromkeys(c.branching for c in choose_shapes(traces, tokens, budgets, args.max_depth,
+                                                                       args.max_width)))
+        speedups = measured_speedups(model, prompts, shapes, drafter=args.drafter, threshold=args.threshold,
+                                     repeats=args.timing_repeats, **{k: v for k, v in options.items() if v is not None})
+    record = calibration_record(traces, tokens, extra, budgets, args.max_depth, args.max_width, speedups)
+    record.update(prompts=len(prompts), drafter=args.drafter, threshold=args.threshold,
+                  base="static" if args.threshold is None else "dynamic", temperature=args.temperature)
+    for nodes, row in record["budgets"].items():
+        print(f"budget {nodes:>3} nodes: mrp_draft_graph={row['mrp_draft_graph']} ({row['nodes']} nodes), "
+              f"{row['forwards']} forwards for {tokens} tokens ({row['tokens_per_forward']} per forward; base "
+              f"decoding: {record['base_forwards']})")
+    if speedups is not None:
+        row = record["fastest"]
+        print(f"fastest here: mrp_draft_graph={row['mrp_draft_graph']} ({row['nodes']} nodes), {row['forwards']} "
+              f"forwards, measured {row['measured_speedup_vs_base']}x the base decoding's speed (CPU seconds; "
+              f"every budget's shape: {record['measured_speedups']})")
+        if row["measured_speedup_vs_base"] <= 1:
+            print(f"note: no calibrated shape decodes faster than the base decoding on this machine with the "
+                  f"{args.drafter} drafting (its drafts or its verify forwards cost more than they save here)")
+    if args.dry_run:
+        print("--dry-run: nothing written", file=sys.stderr)
+    else:
+        stored = write_head_calibration(args.head, record, budget)
+        print(f"wrote mrp_draft_graph={stored['mrp_draft_graph']} (budget {budget}) to "
+              f"{os.path.join(args.head, 'generation_config.json')}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(record))
+    return 0
 
 
 def _cmd_train(argv: list[str]) -> int:
@@ -425,6 +522,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--mrp-mode", choices=["off", "speculative", "remask", "direct"], default=None,
                      help="MRP decoding mode (needs --head); default: the model's generation_config.json, else off")
     gen.add_argument("--draft-tokens", type=int, default=None, help="K: drafts per round (speculative) or head steps (direct)")
+    gen.add_argument("--draft-graph", default=None,
+                     help="speculative: a draft graph ('chain', 'tree-2x2' or branchings '3,2,1'); default: the head's "
+                          "calibrated one, else the chain")
+    gen.add_argument("--drafter", choices=["head", "backbone"], default=None,
+                     help="speculative: who drafts; 'backbone' needs no head (default: head)")
     gen.add_argument("--max-new-tokens", type=int, default=None,
                      help="answer length (default: the model's generation_config.json, else 128)")
     gen.add_argument("--block-length", type=int, default=None, help="default: the model's own")
@@ -446,6 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
     # parsed by `mrp_hf.train` (see `main`); listed here for `mrp-hf --help`
     sub.add_parser("train", help="train an MRP head on a frozen DLM backbone (mrp-hf train -h; docs/training.md)",
                    add_help=False)
+
+    cal = sub.add_parser("calibrate", help="choose a head's draft graph shape from held-out prompts (docs/modes.md)",
+                         formatter_class=DefaultsHelpFormatter)
+    add_calibrate_arguments(cal)
+    cal.set_defaults(func=_cmd_calibrate)
 
     demo = sub.add_parser("demo", help="every decoding mode side by side on the bundled reference DLM + head",
                           formatter_class=DefaultsHelpFormatter)

@@ -43,7 +43,7 @@ logger = logging.get_logger(__name__)
 MODEL_NAME = "mrp-hf"
 #: decoding fields that model args set for the run and a task's gen_kwargs may override per task
 _DECODING_FIELDS = (
-    "mrp_mode", "threshold", "block_length", "mrp_draft_tokens", "steps", "tokens_per_step", "remask_rule",
+    "mrp_mode", "threshold", "block_length", "mrp_draft_tokens", "mrp_draft_graph", "mrp_drafter", "steps", "tokens_per_step", "remask_rule",
     "remask_delta", "prefix_cache", "confidence", "verify_layout", "temperature", "top_p", "top_k", "seed",
 )
 _GEN_KWARGS = {"until", "max_gen_toks", "max_new_tokens", "do_sample", "num_beams", *_DECODING_FIELDS}
@@ -71,6 +71,8 @@ class MRPLMArgs:
     threshold: float | None = None
     block_length: int | None = None
     mrp_draft_tokens: int | None = None
+    mrp_draft_graph: str | None = None  # a shape name, e.g. "tree-2x2" (model args are comma-separated)
+    mrp_drafter: str | None = None
     steps: int | None = None
     tokens_per_step: int | None = None
     remask_rule: str | None = None
@@ -427,7 +429,8 @@ class MRPLM(TemplateLM):
         decode["eos_token_id"] = self._eos_ids or None
         decode["pad_token_id"] = self._pad_id
         config = build_generation_config(self.model.generation_config, **decode)  # validates every field
-        if config.mrp_mode != "off" and self.model.head is None:
+        head_free = config.mrp_mode == "speculative" and config.mrp_drafter == "backbone"
+        if config.mrp_mode != "off" and self.model.head is None and not head_free:
             raise ValueError(f"mrp_mode={config.mrp_mode!r} needs an MRP head: add model arg head=<folder or repo>.")
         if decode["max_new_tokens"] != new and "block_length" not in decode:
             decode["block_length"] = block  # keep the block length that `new` resolved to
@@ -442,10 +445,11 @@ class MRPLM(TemplateLM):
 
     def decoding_settings(self) -> dict[str, Any]:
         """The run's decoding settings as recorded in lm-eval's results (`config.mrp`)."""
+        # the model's generation config already holds a head's decoding defaults (e.g. a calibrated draft graph)
         config = build_generation_config(self.model.generation_config, **self._settings_for({}).decode)
-        keep = ("mrp_mode", "threshold", "block_length", "mrp_draft_tokens", "steps", "tokens_per_step",
-                "remask_rule", "remask_delta", "prefix_cache", "confidence", "temperature", "top_p", "top_k",
-                "seed", "max_new_tokens")
+        keep = ("mrp_mode", "threshold", "block_length", "mrp_draft_tokens", "mrp_draft_graph", "mrp_drafter",
+                "steps", "tokens_per_step", "remask_rule", "remask_delta", "prefix_cache", "confidence",
+                "temperature", "top_p", "top_k", "seed", "max_new_tokens")
         settings = {name: getattr(config, name) for name in keep}
         settings.update(backbone=self.args.backbone, head=self.args.head, batch_size=self.args.batch_size,
                         family=self.model.adapter.family, device=str(self._device), processes=self._world_size)

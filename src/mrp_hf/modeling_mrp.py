@@ -399,8 +399,8 @@ class MRPModel(PreTrainedModel, GenerationMixin):
 
         Keyword arguments are `MRPGenerationConfig` fields: `max_new_tokens`, `block_length`, `steps`,
         `tokens_per_step`, `threshold`, `confidence`, `temperature`, `top_k`, `top_p`, `seed`,
-        `prefix_cache`, `mrp_mode`, `mrp_draft_tokens`, `eos_token_id`, `pad_token_id`,
-        `return_dict_in_generate`, ... (`mrp_hf.generation.config.GENERATE_FIELDS`). `inputs` is taken as
+        `prefix_cache`, `mrp_mode`, `mrp_draft_tokens`, `mrp_draft_graph`, `mrp_drafter`, `eos_token_id`,
+        `pad_token_id`, `return_dict_in_generate`, ... (`mrp_hf.generation.config.GENERATE_FIELDS`). `inputs` is taken as
         transformers' name for `input_ids`.
         """
         # 1. configuration

@@ -5,7 +5,9 @@
 
 A mode is a dict: {"mode": "static"}, {"mode": "dynamic", "threshold": 0.5}, {"mode": "remask",
 "threshold": 0.5}, {"mode": "speculative", "mrp_draft_tokens": 3}, {"mode": "direct", "mrp_draft_tokens": 2}
-(or the string forms "static", "dynamic:0.5", "remask:0.5", "speculative:3", "direct:2"). Static decoding
+(or the string forms "static", "dynamic:0.5", "remask:0.5", "speculative:3", "direct:2"); a draft graph is
+{"mode": "speculative", "mrp_draft_graph": "tree-2x2"} or "speculative:tree-2x2", with "mrp_drafter":
+"backbone" for head-free drafts and a "threshold" to speculate over dynamic decoding. Static decoding
 always runs, first, and is the reference of `speed-up` and `identical_to_static`.
 
 Resuming: with `output_dir`, each finished batch appends one JSON line per item to `results.jsonl` (mode,
@@ -50,8 +52,8 @@ def parse_mode(spec: str | dict[str, Any]) -> dict[str, Any]:
         spec = {"mode": name}
         if value:
             dynamic = name == "dynamic" or (name in MODE_NAMES and MODES_REGISTRY[name].regime == "dynamic")
-            key = "threshold" if dynamic else "mrp_draft_tokens"
-            spec[key] = float(value) if key == "threshold" else int(value)
+            key = "threshold" if dynamic else "mrp_draft_tokens" if value.strip().isdigit() else "mrp_draft_graph"
+            spec[key] = float(value) if key == "threshold" else int(value) if key == "mrp_draft_tokens" else value
     mode = dict(spec)
     name = mode.get("mode")
     if name not in MODES:
@@ -60,7 +62,8 @@ def parse_mode(spec: str | dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"mode {name!r} needs a threshold, e.g. '{name}:0.5'")
     if name == "static" and mode.get("threshold") is not None:
         raise ValueError(f"mode {name!r} decodes one token per backbone pick: drop threshold={mode['threshold']}")
-    if name in MODE_NAMES:
+    over_dynamic = name in MODE_NAMES and MODES_REGISTRY[name].graph_over_dynamic and mode.get("mrp_draft_graph")
+    if name in MODE_NAMES and not over_dynamic:
         problem = regime_error(name, mode.get("threshold"))
         if problem:
             raise ValueError(problem)
@@ -80,13 +83,16 @@ def parse_modes(specs: str | Sequence[str | dict[str, Any]]) -> list[dict[str, A
 
 
 def mode_label(mode: dict[str, Any]) -> str:
-    """"static", "dynamic:0.9", "speculative:3", plus any extra generate kwargs."""
+    """"static", "dynamic:0.9", "speculative:3", "speculative:tree-2x2", plus any extra generate kwargs."""
     label = mode["mode"]
     if mode.get("threshold") is not None:
         label += f":{mode['threshold']:g}"
     elif mode.get("mrp_draft_tokens") is not None:
         label += f":{mode['mrp_draft_tokens']}"
-    extra = {k: v for k, v in mode.items() if k not in ("mode", "threshold", "mrp_draft_tokens")}
+    graph = mode.get("mrp_draft_graph")
+    if graph is not None:  # "speculative:tree-2x2", "speculative:0.5:3x2x1"
+        label += f":{graph if isinstance(graph, str) else 'x'.join(map(str, graph))}"
+    extra = {k: v for k, v in mode.items() if k not in ("mode", "threshold", "mrp_draft_tokens", "mrp_draft_graph")}
     return label + (json.dumps(extra, sort_keys=True) if extra else "")
 
 

@@ -32,6 +32,8 @@ _DEFAULTS: dict[str, Any] = {
     "prefix_cache": None,  # None: exact cache where the family allows it, off otherwise
     "mrp_mode": "off",
     "mrp_draft_tokens": 3,
+    "mrp_draft_graph": None,  # speculative: a draft graph shape (generation/draft_graph.py); None: the head's chain
+    "mrp_drafter": "head",  # speculative: "head" drafts with the MRP head, "backbone" with the backbone's own logits
     "remask_rule": "confidence",
     "remask_delta": 1.5,
     "verify_layout": "auto",  # speculative verify: candidates "stacked" in the batch or "packed" in one sequence
@@ -77,6 +79,13 @@ class MRPGenerationConfig(GenerationConfig):
         mrp_mode: one of `generation.modes.MODE_NAMES`: `"off"`, `"speculative"`, `"remask"` or `"direct"` (the
             last three need an MRP head).
         mrp_draft_tokens: drafts per round for the speculative and direct modes.
+        mrp_draft_graph: speculative mode: verify a draft graph (several candidate next steps per node, every node
+            in one forward) instead of the chain: `"chain"` (`mrp_draft_tokens` deep), `"chain-K"`, `"tree-AxB..."`
+            (branching per depth) or a list of ints (see docs/modes.md). With a graph, `threshold` is allowed: the
+            graph then speculates over dynamic decoding at that threshold, lossless against it.
+        mrp_drafter: speculative mode: `"head"` (default) drafts with the MRP head; `"backbone"` drafts from the
+            backbone's own last logits (C = 0) and needs no head ("auto-speculation"; a chain of
+            `mrp_draft_tokens` unless `mrp_draft_graph` says otherwise).
         verify_layout: how the speculative verify forward holds the K+1 candidate states of a row: `"stacked"`
             in the batch dimension, `"packed"` in one sequence with block-diagonal attention over the shared
             prefix (families whose forward takes an explicit 4-D pattern), or `"auto"` (the layout measured
