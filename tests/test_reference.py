@@ -118,3 +118,19 @@ def test_save_load_through_auto_classes(tmp_path):
     ids = torch.tensor([[5, 6, 7, 1, 1]])
     assert torch.allclose(loaded(ids).logits, model(ids).logits)
     assert isinstance(mrp_hf.load_backbone(str(tmp_path)), ReferenceDLM)
+
+
+def test_the_reference_dlms_own_generate_is_diffusion_decoding_not_autoregressive():
+    """ReferenceDLM has GenerationMixin (for custom_generate): its plain generate() must still be masked diffusion
+    decoding, the library's static decoding, not transformers' left-to-right loop."""
+    import torch
+
+    from mrp_hf import MRPModel
+    from mrp_hf.backbones import load_backbone
+    from mrp_hf.reference import bundled
+
+    backbone = load_backbone(str(bundled.backbone_path()))
+    prompt = torch.tensor([[4, 5, 6, 7, 8]])
+    expected = MRPModel.from_backbone(backbone).generate(prompt, attention_mask=torch.ones_like(prompt))
+    assert torch.equal(backbone.generate(prompt, attention_mask=torch.ones_like(prompt)), expected)
+    assert (expected[0, prompt.shape[1]:] != backbone.config.mask_token_id).all()

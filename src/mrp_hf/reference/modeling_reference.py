@@ -113,8 +113,9 @@ class ReferenceDLM(ReferenceDLMPreTrainedModel, GenerationMixin):
     """The reference masked diffusion LM: `embed_tokens` -> layers -> `norm` -> `lm_head`.
 
     It has transformers' `GenerationMixin` (as Hub DLMs do) so that `generate(..., custom_generate=<MRP head>)`
-    works on it; its own autoregressive `generate` means nothing for a masked diffusion LM (decode it with
-    `mrp_hf.MRPModel` or through `custom_generate`). Its generation_config.json is an `MRPGenerationConfig`.
+    works on it; a plain `generate(...)` decodes with mrp-hf's engine (static or dynamic), never with transformers'
+    autoregressive loop, which means nothing for a masked diffusion LM. Its generation_config.json is an
+    `MRPGenerationConfig`.
     """
 
     generation_config_class = MRPGenerationConfig  # read by transformers 5.x
@@ -126,6 +127,15 @@ class ReferenceDLM(ReferenceDLMPreTrainedModel, GenerationMixin):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+
+    def generate(self, *args, **kwargs):
+        """`custom_generate=<head>`: transformers' dispatch to the head's generate; otherwise mrp-hf's own
+        masked diffusion decoding of this backbone (`MRPModel.from_backbone(self).generate`)."""
+        if kwargs.get("custom_generate") is not None:
+            return super().generate(*args, **kwargs)
+        from ..modeling_mrp import MRPModel
+
+        return MRPModel.from_backbone(self).generate(*args, **kwargs)
 
     def get_input_embeddings(self):
         return self.embed_tokens
