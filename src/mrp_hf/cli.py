@@ -145,9 +145,11 @@ def _choose_threads(args: argparse.Namespace, command: str, model=None) -> None:
 
     threads = getattr(args, "threads", None)
     why = "--threads"
-    if threads is None:
-        on_cpu = model is None or model.device.type == "cpu"
-        size = sum(p.numel() for p in model.adapter.model.parameters()) if model is not None else 0
+    if threads is None and model is None:  # the demo, before it loads the (small) bundled model
+        threads, why = 1, "the default for the bundled model; --threads N to change"
+    elif threads is None:
+        on_cpu = model.device.type == "cpu"
+        size = sum(p.numel() for p in model.adapter.model.parameters())
         if not on_cpu or size >= SMALL_MODEL_PARAMETERS:
             return
         threads, why = 1, "a small model on the CPU; --threads N to change"
@@ -271,8 +273,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_path", help="write the rows as a JSON list here")
     p.add_argument("--plot", help="write the PNG plot here (default: OUTPUT/plot.png when --output is given)")
     p.add_argument("--trust-remote-code", action="store_true", help="run the backbone's own modeling code from its repo")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (1 is fastest for the bundled model, and on a busy machine by far)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: 1, fastest for the bundled model, and on a busy machine by far)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
