@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuild the bundled reference DLM and its MRP head (src/mrp_hf/reference/checkpoints/), seeded:
-#   1. the backbone, by its own training script (~20 min on 2 CPU cores);
+#   1. the backbone, by its own training script (~40 min on 2 CPU cores);
 #   2. head-training data from the tasks' training split (JSONL);
 #   3. the head, by the project's head-training pipeline, `mrp-hf train` (~10 min on 2 CPU cores).
 # Usage: bash scripts/build_reference.sh [OUTPUT_DIR]   (default: the package's checkpoints folder)
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 OUT=${1:-src/mrp_hf/reference/checkpoints}
 WORK=${MRP_BUILD_DIR:-$(mktemp -d)}
-BACKBONE_STEPS=${BACKBONE_STEPS:-4600}
+BACKBONE_STEPS=${BACKBONE_STEPS:-3200}
 HEAD_STEPS=${HEAD_STEPS:-3000}
 
 "$PY" -m mrp_hf.reference.train backbone --output "$WORK/backbone" --steps "$BACKBONE_STEPS" --seed 0
