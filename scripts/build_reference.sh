@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 OUT=${1:-src/mrp_hf/reference/checkpoints}
 WORK=${MRP_BUILD_DIR:-$(mktemp -d)}
-BACKBONE_STEPS=${BACKBONE_STEPS:-3200}
+BACKBONE_STEPS=${BACKBONE_STEPS:-2800}
 HEAD_STEPS=${HEAD_STEPS:-3000}
 
 "$PY" -m mrp_hf.reference.train backbone --output "$WORK/backbone" --steps "$BACKBONE_STEPS" --seed 0

@@ -120,7 +120,7 @@ def evaluate_static(model, tokenizer, items, batch_size: int = 64) -> tuple[floa
     return overall, {task: round(sum(v) / len(v), 3) for task, v in sorted(per_task.items())}
 
 
-def train_backbone(output_dir: str, steps: int = 3200, batch_size: int = 32, lr: float = 2e-3, warmup: int = 200,
+def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr: float = 2e-3, warmup: int = 200,
                    seed: int = 0, eval_every: int = 400, eval_per_task: int = 20, threads: int | None = None,
                    **model_kwargs) -> dict:
     """Train the reference DLM from scratch and save it (model, tokenizer, generation config, training info)."""
@@ -159,6 +159,8 @@ def train_backbone(output_dir: str, steps: int = 3200, batch_size: int = 32, lr:
             accuracy, per_task = evaluate_static(model, tokenizer, eval_items)
             history.append({"step": step + 1, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
             bar.write(f"step {step + 1}: loss {loss.item():.3f}, held-out static accuracy {accuracy:.3f} {per_task}")
+            # a snapshot beside the output (weights and config), so that a run stopped late is not all lost
+            model.save_pretrained(Path(output_dir).with_name(Path(output_dir).name + "-latest"))
     train_seconds = time.time() - started
     model.eval()
     accuracy, per_task = evaluate_static(model, tokenizer, eval_items)
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("backbone", help="train the reference DLM from scratch")
     b.add_argument("--output", required=True)
-    b.add_argument("--steps", type=int, default=3200)
+    b.add_argument("--steps", type=int, default=2800)
     b.add_argument("--batch-size", type=int, default=32)
     b.add_argument("--lr", type=float, default=2e-3)
     b.add_argument("--seed", type=int, default=0)
