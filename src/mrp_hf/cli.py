@@ -115,8 +115,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", help="prompts file (JSONL with 'prompt', or one per line); needed with --head")
     p.add_argument("--per-task", type=int, default=30, help="held-out items per reference task")
     p.add_argument("--tasks", help="comma-separated reference tasks (default: all)")
-    p.add_argument("--thresholds", default="0.9,0.7,0.5,0.3", help="dynamic / remask thresholds")
-    p.add_argument("--draft-tokens", type=int, default=3, help="speculative drafts per round (K)")
+    p.add_argument("--thresholds", default="0.95,0.9,0.8,0.7,0.5,0.3", help="dynamic / remask thresholds")
+    p.add_argument("--draft-tokens", default="2,3,4", help="speculative drafts per round (K), comma-separated")
     p.add_argument("--direct-tokens", type=int, default=2, help="head steps per backbone forward in direct mode")
     p.add_argument("--remask-rule", choices=["confidence", "residual"], default="confidence")
     p.add_argument("--remask-delta", type=float, default=None, help="|C| limit of the residual rule (default 1.5)")
@@ -128,6 +128,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", help="write the PNG plot here (default: OUTPUT/plot.png when --output is given)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--device", default=None, help='e.g. "cuda" (default: the CPU)')
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -137,12 +138,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     result = run_demo(
         head=args.head, backbone=args.backbone, prompts_file=args.prompts, per_task=args.per_task,
         thresholds=tuple(float(t) for t in args.thresholds.split(",") if t.strip()),
-        draft_tokens=args.draft_tokens, direct_tokens=args.direct_tokens, remask_rule=args.remask_rule,
+        draft_tokens=tuple(int(k) for k in str(args.draft_tokens).split(",") if k.strip()), direct_tokens=args.direct_tokens, remask_rule=args.remask_rule,
         remask_delta=args.remask_delta,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, output_dir=args.output,
         json_path=args.json_path, plot_path=plot, progress=not args.no_progress,
         trust_remote_code=args.trust_remote_code,
         tasks=tuple(args.tasks.split(",")) if args.tasks else None, timing_repeats=args.timing_repeats,
+        device=args.device,
     )
     print(result["table"])
     if plot:
