@@ -122,8 +122,11 @@ def evaluate_static(model, tokenizer, items, batch_size: int = 64) -> tuple[floa
 
 def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr: float = 2e-3, warmup: int = 200,
                    seed: int = 0, eval_every: int = 400, eval_per_task: int = 20, threads: int | None = None,
-                   **model_kwargs) -> dict:
-    """Train the reference DLM from scratch and save it (model, tokenizer, generation config, training info)."""
+                   stop_after: int | None = None, **model_kwargs) -> dict:
+    """Train the reference DLM from scratch and save it (model, tokenizer, generation config, training info).
+
+    `stop_after`: stop after that many steps of the `steps`-step schedule (the same weights as the full run's
+    at that step, e.g. as its snapshot beside the output)."""
     from ..generation.config import MRPGenerationConfig
 
     if threads:
@@ -145,7 +148,8 @@ def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr:
     eval_items = held_out_items(per_task=eval_per_task, seed=seed + 1)
     history = []
     started = time.time()
-    bar = tqdm(range(steps), desc="reference DLM", unit="step")
+    last = min(steps, stop_after or steps)
+    bar = tqdm(range(last), desc="reference DLM", unit="step")
     for step in bar:
         input_ids, pattern, position_ids, labels = make_batch(tokenizer, rng, generator, batch_size, config.block_size)
         loss = model(input_ids, attention_mask=pattern, position_ids=position_ids, labels=labels).loss
@@ -155,7 +159,7 @@ def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr:
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < last:
             accuracy, per_task = evaluate_static(model, tokenizer, eval_items)
             history.append({"step": step + 1, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
             bar.write(f"step {step + 1}: loss {loss.item():.3f}, held-out static accuracy {accuracy:.3f} {per_task}")
@@ -164,9 +168,9 @@ def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr:
     train_seconds = time.time() - started
     model.eval()
     accuracy, per_task = evaluate_static(model, tokenizer, eval_items)
-    history.append({"step": steps, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
+    history.append({"step": last, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
     info = {
-        "seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr, "train_seconds": round(train_seconds, 1),
+        "seed": seed, "steps": steps, "stopped_after": stop_after, "batch_size": batch_size, "lr": lr, "train_seconds": round(train_seconds, 1),
         "threads": torch.get_num_threads(), "tasks": sorted(TASKS), "history": history,
         "held_out_static_accuracy": accuracy, "held_out_static_accuracy_per_task": per_task, "eval_items": len(eval_items),
         "eval_per_task": eval_per_task,
@@ -216,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--eval-per-task", type=int, default=20)
     b.add_argument("--num-layers", type=int, default=MODEL_DEFAULTS["num_hidden_layers"])
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--stop-after", type=int, default=None, help="stop after N steps of the --steps schedule")
     b.add_argument("--attention", choices=["block_causal", "bidirectional"], default="block_causal")
     h = sub.add_parser("head-data", help="write training-split JSONL for `mrp-hf train`")
     h.add_argument("--output", required=True)
@@ -225,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "backbone":
         info = train_backbone(args.output, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                               eval_every=args.eval_every, eval_per_task=args.eval_per_task, threads=args.threads,
-                              attention=args.attention, num_hidden_layers=args.num_layers)
+                              attention=args.attention, num_hidden_layers=args.num_layers, stop_after=args.stop_after)
         print(json.dumps({k: v for k, v in info.items() if k != "history"}, indent=2))
     else:
         export_head_data(args.output, samples=args.samples, seed=args.seed)
