@@ -23,6 +23,10 @@ from ..backbones.base import allowed_keys
 from .configuration_reference import ReferenceDLMConfig
 
 
+#: the output's cache field: `cache` in transformers 5 (which warns on the old name), `past_key_values` in 4.x
+_OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -186,4 +190,4 @@ class ReferenceDLM(ReferenceDLMPreTrainedModel):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_OUTPUT_CACHE_FIELD: past_key_values})
