@@ -23,4 +23,11 @@ mkdir -p "$OUT"
 rm -rf "$OUT/backbone" "$OUT/head"
 cp -r "$WORK/backbone" "$OUT/backbone"
 cp -r "$WORK/head" "$OUT/head"
+# the bundled head names its backbone by the relative path it ships at
+"$PY" - "$OUT/head/config.json" <<'PYEOF'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["base_model_name_or_path"] = "../backbone"
+open(sys.argv[1], "w").write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+PYEOF
 du -sh "$OUT"/*

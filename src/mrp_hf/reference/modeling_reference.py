@@ -22,7 +22,6 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from ..backbones.base import allowed_keys
 from .configuration_reference import ReferenceDLMConfig
 
-
 #: the output's cache field: `cache` in transformers 5 (which warns on the old name), `past_key_values` in 4.x
 _OUTPUT_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 

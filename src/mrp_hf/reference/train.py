@@ -122,11 +122,12 @@ def evaluate_static(model, tokenizer, items, batch_size: int = 64) -> tuple[floa
 
 def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr: float = 2e-3, warmup: int = 200,
                    seed: int = 0, eval_every: int = 400, eval_per_task: int = 20, threads: int | None = None,
-                   stop_after: int | None = None, **model_kwargs) -> dict:
+                   stop_after: int | None = None, init_from: str | None = None, **model_kwargs) -> dict:
     """Train the reference DLM from scratch and save it (model, tokenizer, generation config, training info).
 
     `stop_after`: stop after that many steps of the `steps`-step schedule (the same weights as the full run's
-    at that step, e.g. as its snapshot beside the output)."""
+    at that step, e.g. as its snapshot beside the output). `init_from`: a saved reference DLM to continue from
+    (a second phase with its own schedule and seed; fresh optimizer state), instead of a random init."""
     from ..generation.config import MRPGenerationConfig
 
     if threads:
@@ -139,7 +140,7 @@ def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr:
         eos_token_id=tokenizer.eos_token_id, max_position_embeddings=PROMPT_LENGTH + ANSWER_LENGTH,
         **{**MODEL_DEFAULTS, **model_kwargs},
     )
-    model = ReferenceDLM(config)
+    model = ReferenceDLM.from_pretrained(init_from) if init_from else ReferenceDLM(config)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -170,11 +171,13 @@ def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr:
     accuracy, per_task = evaluate_static(model, tokenizer, eval_items)
     history.append({"step": last, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
     info = {
-        "seed": seed, "steps": steps, "stopped_after": stop_after, "batch_size": batch_size, "lr": lr, "train_seconds": round(train_seconds, 1),
+        "seed": seed, "steps": steps, "warmup": warmup, "stopped_after": stop_after, "init_from": init_from, "batch_size": batch_size, "lr": lr, "train_seconds": round(train_seconds, 1),
         "threads": torch.get_num_threads(), "tasks": sorted(TASKS), "history": history,
         "held_out_static_accuracy": accuracy, "held_out_static_accuracy_per_task": per_task, "eval_items": len(eval_items),
         "eval_per_task": eval_per_task,
     }
+    if init_from and (Path(init_from) / "training_info.json").is_file():  # keep the earlier phase's record
+        info["first_phase"] = json.loads((Path(init_from) / "training_info.json").read_text())
     out = Path(output_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -215,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--steps", type=int, default=2800)
     b.add_argument("--batch-size", type=int, default=32)
     b.add_argument("--lr", type=float, default=2e-3)
+    b.add_argument("--warmup", type=int, default=200)
+    b.add_argument("--init-from", default=None, help="continue from this saved reference DLM (a second phase)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--eval-every", type=int, default=400)
     b.add_argument("--eval-per-task", type=int, default=20)
@@ -228,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     if args.command == "backbone":
-        info = train_backbone(args.output, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+        info = train_backbone(args.output, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, seed=args.seed,
                               eval_every=args.eval_every, eval_per_task=args.eval_per_task, threads=args.threads,
-                              attention=args.attention, num_hidden_layers=args.num_layers, stop_after=args.stop_after)
+                              attention=args.attention, num_hidden_layers=args.num_layers, stop_after=args.stop_after,
+                              init_from=args.init_from)
         print(json.dumps({k: v for k, v in info.items() if k != "history"}, indent=2))
     else:
         export_head_data(args.output, samples=args.samples, seed=args.seed)
