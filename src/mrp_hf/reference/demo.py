@@ -155,7 +155,7 @@ def run_demo(
     head: str | None = None,
     backbone: str | None = None,
     prompts_file: str | None = None,
-    per_task: int = 30,
+    per_task: int = 25,
     thresholds=DEFAULT_THRESHOLDS,
     draft_tokens=DEFAULT_DRAFT_TOKENS,
     direct_tokens: int = 2,
@@ -169,7 +169,7 @@ def run_demo(
     progress: bool = True,
     trust_remote_code: bool = False,
     tasks: tuple[str, ...] | None = None,
-    timing_repeats: int = 3,
+    timing_repeats: int = 1,
     device: str | None = None,
 ) -> dict[str, Any]:
     """Run the demo; returns {"rows": [...], "targets": {...}, "table": str}."""
