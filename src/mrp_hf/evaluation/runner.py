@@ -413,9 +413,27 @@ def _point_label(r: dict[str, Any]) -> str:
     return ""
 
 
+def _group_close_labels(ax, labels):
+    """Labels of one series whose points lie within a few pixels of each other become one label ("0.95/0.9")
+    at the first of them: separate labels there could only overlap."""
+    groups: list[list[Any]] = []
+    for text, x, y, offset, color in labels:
+        here = ax.transData.transform((x, y))
+        for group in groups:
+            if group[4] == color and abs(group[5][0] - here[0]) < 14 and abs(group[5][1] - here[1]) < 14:
+                group[0].append(text)
+                break
+        else:
+            groups.append([[text], x, y, offset, color, here])
+    for group in groups:  # thresholds from the highest, draft counts from the lowest
+        group[0] = "/".join(sorted(group[0], key=lambda t: -float(t) if t.replace(".", "", 1).isdigit() else t))
+    return [tuple(group[:5]) for group in groups]
+
+
 def _place_labels(ax, labels: list[tuple[str, float, float, tuple[int, int], str]]) -> None:
     """Annotate points so that no label meets another label or any marker: each label takes the first of a few
-    offsets around its point (its mode's own first) whose box is free (greedy, display coordinates)."""
+    offsets around its point (its mode's own first) whose box, with a margin, is free (greedy, display
+    coordinates)."""
     from matplotlib.transforms import Bbox
 
     ax.figure.canvas.draw()
@@ -423,11 +441,12 @@ def _place_labels(ax, labels: list[tuple[str, float, float, tuple[int, int], str
     markers = [ax.transData.transform((x, y)) for line in ax.get_lines() for x, y in line.get_xydata()
                if line.get_marker() not in (None, "None", "") and x == x and y == y]
     taken = [Bbox.from_extents(px - 6, py - 6, px + 6, py + 6) for px, py in markers]
-    for text, x, y, offset, color in labels:
-        for dx, dy in (offset, (7, 4), (7, -11), (-22, 5), (-22, -11), (-6, 9), (-6, -16), (12, -3), (-28, -3)):
+    for text, x, y, offset, color in _group_close_labels(ax, labels):
+        for dx, dy in (offset, (7, 4), (7, -11), (-22, 5), (-22, -11), (-6, 10), (-6, -17), (12, -3), (-30, -3),
+                       (7, 14), (7, -21), (-22, 14), (-22, -21)):
             note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7, color=color)
             box = note.get_window_extent(renderer)
-            if not any(box.overlaps(other) for other in taken):
+            if not any(box.expanded(1.1, 1.4).overlaps(other) for other in taken):
                 break
             note.remove()
         else:  # every offset is crowded: keep the mode's own
