@@ -394,14 +394,14 @@ def pareto_frontier(rows: list[dict[str, Any]], metric: str = "accuracy") -> lis
     return sorted((r for r in points if not beaten(r)), key=lambda r: -r["speedup_vs_static"])
 
 
-# the plot: each mode's marker, colour and label offset (points), drawn in this order; dynamic last and hollow
-# remask under it, so that neither hides the other where they meet
+# the plot: each mode's marker, colour, label offset (points) and layer: hollow dynamic markers above remask's, so
+# that neither hides the other where they meet, and static's star above the speculative points (same accuracy)
 _PLOT_STYLE = {
-    "remask": dict(marker="s", color="tab:orange", offset=(6, -11), size=7, fill=True),
-    "dynamic": dict(marker="o", color="tab:blue", offset=(-20, 5), size=6, fill=False),
-    "static": dict(marker="*", color="black", offset=(6, 4), size=12, fill=True),
-    "speculative": dict(marker="D", color="tab:green", offset=(6, 4), size=7, fill=True),
-    "direct": dict(marker="^", color="tab:red", offset=(6, 4), size=8, fill=True),
+    "remask": dict(marker="s", color="tab:orange", offset=(6, -11), size=7, fill=True, zorder=2),
+    "dynamic": dict(marker="o", color="tab:blue", offset=(-20, 5), size=6, fill=False, zorder=3),
+    "static": dict(marker="*", color="black", offset=(6, 4), size=13, fill=True, zorder=4),
+    "speculative": dict(marker="D", color="tab:green", offset=(6, 4), size=6, fill=True, zorder=2),
+    "direct": dict(marker="^", color="tab:red", offset=(6, 4), size=8, fill=True, zorder=2),
 }
 
 
@@ -440,7 +440,7 @@ def _place_labels(ax, labels: list[tuple[str, float, float, tuple[int, int], str
     renderer = ax.figure.canvas.get_renderer()
     markers = [ax.transData.transform((x, y)) for line in ax.get_lines() for x, y in line.get_xydata()
                if line.get_marker() not in (None, "None", "") and x == x and y == y]
-    taken = [Bbox.from_extents(px - 6, py - 6, px + 6, py + 6) for px, py in markers]
+    taken = [Bbox.from_extents(px - 9, py - 9, px + 9, py + 9) for px, py in markers]  # the frontier's rings too
     for text, x, y, offset, color in _group_close_labels(ax, labels):
         for dx, dy in (offset, (7, 4), (7, -11), (-22, 5), (-22, -11), (-6, 10), (-6, -17), (12, -3), (-30, -3),
                        (7, 14), (7, -21), (-22, 14), (-22, -21)):
@@ -464,7 +464,7 @@ def _plot_panel(ax, rows, metric: str, x_key: str, frontier: list[dict[str, Any]
         xs, ys = [r[x_key] for r in line], [float("nan") if r.get(metric) is None else r[metric] for r in line]
         ax.plot(xs, ys, linestyle="-" if name in ("dynamic", "remask") else "none", marker=style["marker"],
                 color=style["color"], markersize=style["size"], label=name, alpha=0.9,
-                markerfacecolor=style["color"] if style["fill"] else "white", zorder=3 if name == "dynamic" else 2)
+                markerfacecolor=style["color"] if style["fill"] else "white", zorder=style["zorder"])
         labels += [(_point_label(r), x, y, style["offset"], style["color"]) for r, x, y in zip(line, xs, ys, strict=True)]
     if frontier:
         xs, ys = [r[x_key] for r in frontier], [r[metric] for r in frontier]
