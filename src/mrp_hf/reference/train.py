@@ -36,6 +36,11 @@ MODEL_DEFAULTS = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=
                       block_position_embedding=True)
 
 
+#: the shipped generation config ranks confidences on this grid: most positions of an answer block are
+#: near-certain, and an order decided by differences below it is one no MRP head can predict (docs/benchmarks.md)
+CONFIDENCE_RESOLUTION = 0.05
+
+
 def encode(tokenizer, prompt: str, answer: str | None) -> tuple[list[int], list[int] | None]:
     """Prompt ids, and answer ids followed by EOS up to ANSWER_LENGTH (the sequence the model learns to fill)."""
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -184,6 +189,7 @@ def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr:
     _portable_tokenizer_class(out)
     MRPGenerationConfig(
         max_new_tokens=ANSWER_LENGTH, block_length=config.block_size, tokens_per_step=1, temperature=0.0,
+        confidence_resolution=CONFIDENCE_RESOLUTION,
         mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     ).save_pretrained(out)
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
