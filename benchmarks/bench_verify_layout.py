@@ -12,7 +12,7 @@ wall-clock; on an idle machine with one thread the two agree.
 
 Models: the tiny random stand-ins of the remote-code families (widened like bench_modes.py) and the reference
 DLM: the bundled trained checkpoint with its head when `src/mrp_hf/reference/checkpoints/backbone` exists,
-else an untrained one of the same shape (hidden 192, 6 layers). Random weights do not change the timing.
+else an untrained one of the same shape. Random weights do not change the timing.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_verify_layout.py [--batch 8] [--prompt-len 96] [--json out.json]
 """
@@ -95,12 +95,13 @@ def reference_model(batch: int):
         note = "bundled trained checkpoint + head, held-out task prompts"
     else:
         torch.manual_seed(0)
-        config = ReferenceDLMConfig(hidden_size=192, intermediate_size=512, num_hidden_layers=6, num_attention_heads=6,
-                                    block_size=8, vocab_size=46)
+        from mrp_hf.reference.train import MODEL_DEFAULTS
+
+        config = ReferenceDLMConfig(vocab_size=46, max_position_embeddings=40, **MODEL_DEFAULTS)
         backbone, head = ReferenceDLM(config).eval(), None
         ids = torch.randint(3, 44, (batch, 16), generator=torch.Generator().manual_seed(0))
         mask = torch.ones_like(ids)
-        note = "untrained, hidden 192, 6 layers, random prompts (no bundled checkpoint)"
+        note = "untrained, the bundled model's shape, random prompts (no bundled checkpoint)"
     return backbone, head, ids, mask, ANSWER_LENGTH, note
 
 
@@ -109,9 +110,9 @@ def median(xs):
 
 
 def run_case(label, family, prefix_cache, args, tmp):
-    if family == "reference":  # its positions stop at 24: one block of 8 after a prompt of at most 16
-        backbone, head, prompts, mask, block_length, note = reference_model(args.batch)
-        mask_id, new_tokens = None, block_length
+    if family == "reference":  # its positions stop at 40: three blocks of 8 after a prompt of at most 16
+        backbone, head, prompts, mask, new_tokens, note = reference_model(args.batch)
+        mask_id, block_length = None, backbone.config.block_size
     else:
         backbone = load_stand_in(family, tmp, **STAND_IN_SIZE)
         head, mask_id, note = None, STAND_IN_MASK_ID, "tiny random stand-in"
@@ -176,7 +177,7 @@ def main() -> None:
     rows = []
     print(f"torch threads {torch.get_num_threads()}; batch {args.batch}, K={args.draft_tokens} "
           f"({args.draft_tokens + 1} candidate states); stand-ins: block_length {args.block_length}, "
-          f"max_new_tokens {args.max_new_tokens}; reference DLM: one block of 8")
+          f"max_new_tokens {args.max_new_tokens}; reference DLM: three blocks of 8")
     print(f"{'case':<30}{'prompt':>7}{'verify stacked ms':>19}{'packed ms':>11}{'ratio':>7}"
           f"{'gen stacked s':>15}{'packed s':>10}{'ratio':>7}{'same':>6}{'auto':>9}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -34,6 +34,11 @@ SRC = str(Path(mrp_hf.__file__).resolve().parents[1])
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
+def backbone_generation_config():
+    """The bundled backbone's own generation_config.json."""
+    return transformers.GenerationConfig.from_pretrained(bundled.backbone_path())
+
+
 @pytest.fixture(scope="module")
 def reference():
     """The bundled reference DLM (backbone), its tokenizer, and prompts it knows."""
@@ -55,7 +60,7 @@ def pair(tmp_path_factory):
 
 def expected(backbone, inputs, mask, **kwargs):
     model = MRPModel.from_pretrained(str(bundled.head_path()), backbone=backbone)
-    return model.generate(inputs, attention_mask=mask, max_new_tokens=8, **kwargs)
+    return model.generate(inputs, attention_mask=mask, **kwargs)  # the backbone's own lengths
 
 
 # ---------------------------------------------------------------------------------------------- Auto classes
@@ -74,7 +79,7 @@ def test_auto_model_for_causal_lm_is_a_ready_model(pair, reference):
     assert isinstance(model, transformers.GenerationMixin) and model.can_generate()
     assert model.generation_config_class is MRPGenerationConfig
     assert isinstance(model.generation_config, MRPGenerationConfig)
-    assert model.generation_config.max_new_tokens == 8  # the backbone's generation_config.json
+    assert model.generation_config.max_new_tokens == backbone_generation_config().max_new_tokens  # its json
     out = model.generate(inputs, attention_mask=mask, mrp_mode="speculative", return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected(backbone, inputs, mask, mrp_mode="speculative"))
     assert out.stats.head_forwards > 0
@@ -183,7 +188,7 @@ def test_custom_generate_from_a_head_folder(pair, reference):
     assert torch.equal(out.sequences, expected(backbone, inputs, mask, mrp_mode="speculative"))
     # without mrp_mode: the backbone's own static decoding, no head forward
     plain = backbone.generate(inputs, attention_mask=mask, custom_generate=head, trust_remote_code=True,
-                              return_dict_in_generate=True, max_new_tokens=8)
+                              return_dict_in_generate=True)
     assert torch.equal(plain.sequences, MRPModel.from_backbone(backbone).generate(inputs, attention_mask=mask))
     assert plain.stats.head_forwards == 0
     # dynamic decoding and remask mode take their arguments as with MRPModel
@@ -402,7 +407,8 @@ def test_text_diffusion_streamer(reference, capsys):
     backbone, tokenizer, inputs, mask = reference
     model = MRPModel.from_pretrained(str(bundled.head_path()), backbone=backbone)
     streamer = transformers.TextDiffusionStreamer(tokenizer, skip_prompt=True)
-    out = model.generate(inputs[:1], attention_mask=mask[:1], mrp_mode="speculative", streamer=streamer)
+    out = model.generate(inputs[:1], attention_mask=mask[:1], mrp_mode="speculative", streamer=streamer,
+                         max_new_tokens=8)  # one block, no EOS: every token printed
     printed = capsys.readouterr().out
     assert "\0337" in printed  # drafts were drawn (and cleared)
     assert printed.endswith(tokenizer.decode(out[0, inputs.shape[1]:]) + "\n")

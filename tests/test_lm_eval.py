@@ -395,7 +395,12 @@ def test_data_parallel_run_equals_the_single_process_run(task_folder, single_pro
     _, err, seconds = run([*launch, "-m", "mrp_hf.cli", *lm_eval_args(task_folder, tmp_path)])
     results, answers = read_results(tmp_path)
     single, single_answers = single_process_run[:2]
-    assert results["results"][TASK] == single["results"][TASK]
+    # the same figures; lm-eval aggregates the two processes' shares in another order, so a standard error can
+    # differ in its last bit
+    ours, theirs = results["results"][TASK], single["results"][TASK]
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert ours[key] == (pytest.approx(value, rel=1e-12) if isinstance(value, float) else value), key
     assert answers == single_answers
     assert results["config"]["mrp"]["processes"] == 2
     stats, single_stats = (r["config"]["mrp_stats"]["generate_until"]["all"] for r in (results, single))

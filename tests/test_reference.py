@@ -17,13 +17,13 @@ def tokenizer():
     return build_tokenizer()
 
 
-def tiny_reference(attention="block_causal", seed=0):
+def tiny_reference(attention="block_causal", seed=0, block_position_embedding=False):
     torch.manual_seed(seed)
     tok = build_tokenizer()
     config = ReferenceDLMConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                 num_attention_heads=2, block_size=4, attention=attention,
                                 mask_token_id=tok.mask_token_id, pad_token_id=tok.pad_token_id,
-                                eos_token_id=tok.eos_token_id)
+                                eos_token_id=tok.eos_token_id, block_position_embedding=block_position_embedding)
     return ReferenceDLM(config).eval()
 
 
@@ -49,12 +49,17 @@ def test_every_task_checks_its_own_answers_and_rejects_wrong_ones(tokenizer):
             assert check_answer(name, prompt, answer), (name, prompt, answer)
             assert not check_answer(name, prompt, answer + "x")
             assert not check_answer(name, prompt, "")
-    # several valid forms where the task says so
-    assert check_answer("perm", "perm:abc", "cab") and check_answer("perm", "perm:abc", "abc")
-    assert not check_answer("perm", "perm:abc", "aab")
-    assert check_answer("pair", "pair:9:xyz", "4+5") and check_answer("pair", "pair:9:xyz", "9+0")
-    assert not check_answer("pair", "pair:9:xyz", "4+6") and not check_answer("pair", "pair:9:xyz", "45")
-    assert check_answer("pick", "pick:abcdef", "fab") and not check_answer("pick", "pick:abcdef", "aab")
+    # one form for sort; several valid forms where the task says so, the sure spans checked exactly
+    assert check_answer("sort", "sort:dbca", "abcd,dcba") and not check_answer("sort", "sort:dbca", "abcd,abcd")
+    assert check_answer("perm", "perm:abc", "abc=cab=bac") and check_answer("perm", "perm:abc", "abc=abc=cba")
+    assert not check_answer("perm", "perm:abc", "abc=aab=baa") and not check_answer("perm", "perm:abc", "abc=cab=cab")
+    assert check_answer("swap", "swap:abcdefgh", "abcdefgh:ab-dc-ef-hg=2")
+    assert check_answer("swap", "swap:abcdefgh", "abcdefgh:ba-dc-fe-hg=4")
+    assert not check_answer("swap", "swap:abcdefgh", "abcdefgh:ab-dc-ef-hg=1")  # the count follows the pairs
+    assert not check_answer("swap", "swap:abcdefgh", "abcdefgh:aa-dc-ef-hg=1")
+    assert check_answer("pair", "pair:9:xyz", "xyz,4+5=9,5+4=9") and check_answer("pair", "pair:9:xyz", "xyz,9+0=9,0+9=9")
+    assert not check_answer("pair", "pair:9:xyz", "xyz,4+6=9,6+4=9") and not check_answer("pair", "pair:9:xyz", "xyz,4+5=9,4+5=9")
+    assert not check_answer("pair", "pair:9:xyz", "xyz,45=9,54=9")
 
 
 def test_held_out_split_is_disjoint_from_training():
@@ -83,14 +88,15 @@ def test_training_layout_matches_decoding(tokenizer):
     assert torch.equal(positions[0, p : p + a - 4], positions[0, p + a :])
     masked = ids[:, p : p + a] == tokenizer.mask_token_id
     assert torch.equal(labels[:, p : p + a] != -100, masked) and (labels[:, :p] == -100).all()
-    assert masked.view(4, 2, 4).any(dim=-1).all()  # every answer block has a masked position
+    assert masked.view(4, a // 4, 4).any(dim=-1).all()  # every answer block has a masked position
     ids, pattern, _, _ = make_batch(tokenizer, random.Random(0), torch.Generator().manual_seed(0), 2, 8)
-    assert ids.shape == (2, p + a)  # one answer block: no clean copy at all
+    assert ids.shape == (2, p + a + a - 8)  # blocks of 8: the clean copy holds the first a - 8 answer tokens
 
 
-@pytest.mark.parametrize("attention", ["block_causal", "bidirectional"])
-def test_adapter_cache_and_batch_invariance(attention):
-    model = tiny_reference(attention)
+@pytest.mark.parametrize("attention,block_positions", [("block_causal", False), ("bidirectional", False),
+                                                       ("block_causal", True)])
+def test_adapter_cache_and_batch_invariance(attention, block_positions):
+    model = tiny_reference(attention, block_position_embedding=block_positions)
     adapter = mrp_hf.get_adapter(model)
     assert adapter.family == "mrp_reference" and adapter.mask_token_id == 1
     assert adapter.block_causal == (attention == "block_causal")
@@ -111,7 +117,7 @@ def test_adapter_cache_and_batch_invariance(attention):
 def test_save_load_through_auto_classes(tmp_path):
     from transformers import AutoConfig, AutoModelForMaskedLM
 
-    model = tiny_reference()
+    model = tiny_reference(block_position_embedding=True)
     model.save_pretrained(tmp_path)
     assert type(AutoConfig.from_pretrained(tmp_path)).__name__ == "ReferenceDLMConfig"
     loaded = AutoModelForMaskedLM.from_pretrained(tmp_path)
@@ -134,3 +140,18 @@ def test_the_reference_dlms_own_generate_is_diffusion_decoding_not_autoregressiv
     expected = MRPModel.from_backbone(backbone).generate(prompt, attention_mask=torch.ones_like(prompt))
     assert torch.equal(backbone.generate(prompt, attention_mask=torch.ones_like(prompt)), expected)
     assert (expected[0, prompt.shape[1]:] != backbone.config.mask_token_id).all()
+
+
+def test_block_position_embedding_reads_the_position_inside_the_block():
+    """The in-block embedding depends on position id modulo the block. Rotary positions are relative, so shifting
+    every position id by a whole block changes no output, and shifting by one changes them only through the
+    in-block embedding."""
+    model = tiny_reference(block_position_embedding=True)
+    assert model.embed_block_positions.num_embeddings == model.config.block_size == 4
+    ids = torch.tensor([[5, 6, 7, 1, 1, 8, 9, 1]])
+    with torch.no_grad():
+        model.embed_block_positions.weight.normal_(std=1.0)
+        base = model(ids, position_ids=torch.arange(8)[None]).logits
+        whole_block = model(ids, position_ids=torch.arange(4, 12)[None]).logits
+        one = model(ids, position_ids=torch.arange(1, 9)[None]).logits
+    assert torch.allclose(base, whole_block, atol=1e-4) and not torch.allclose(base, one, atol=1e-2)

@@ -258,17 +258,17 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", help="an MRP head folder or Hub id (default: the bundled reference head)")
     p.add_argument("--backbone", help="its backbone (default: the one named in the head's config)")
     p.add_argument("--prompts", help="prompts file (JSONL with 'prompt', or one per line); needed with --head")
-    p.add_argument("--per-task", type=int, default=30, help="held-out items per reference task")
+    p.add_argument("--per-task", type=int, default=25, help="held-out items per reference task")
     p.add_argument("--tasks", help="comma-separated reference tasks (default: all)")
-    p.add_argument("--thresholds", default="0.9,0.7,0.5,0.3", help="dynamic / remask thresholds")
-    p.add_argument("--draft-tokens", type=int, default=3, help="speculative drafts per round (K)")
+    p.add_argument("--thresholds", default="0.95,0.9,0.8,0.7,0.5,0.3", help="dynamic / remask thresholds")
+    p.add_argument("--draft-tokens", default="2,3,4", help="speculative drafts per round (K), comma-separated")
     p.add_argument("--direct-tokens", type=int, default=2, help="head steps per backbone forward in direct mode")
     p.add_argument("--remask-rule", choices=["confidence", "residual"], default="confidence",
                    help="which reveals remask revokes (docs/modes.md)")
     p.add_argument("--remask-delta", type=float, default=None, help="|C| limit of the residual rule (default 1.5)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (1: latency regime)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the model's generation_config.json")
-    p.add_argument("--timing-repeats", type=int, default=3, help="decode each batch N times, keep the fastest time")
+    p.add_argument("--timing-repeats", type=int, default=1, help="decode each batch N times, keep the fastest time")
     p.add_argument("--output", help="folder for results.jsonl (resumable), rows.json and plot.png")
     p.add_argument("--json", dest="json_path", help="write the rows as a JSON list here")
     p.add_argument("--plot", help="write the PNG plot here (default: OUTPUT/plot.png when --output is given)")
@@ -276,6 +276,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: 1, fastest for the bundled model, and on a busy machine by far)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--device", default=None, help='e.g. "cuda" (default: the CPU)')
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -286,12 +287,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     result = run_demo(
         head=args.head, backbone=args.backbone, prompts_file=args.prompts, per_task=args.per_task,
         thresholds=tuple(float(t) for t in args.thresholds.split(",") if t.strip()),
-        draft_tokens=args.draft_tokens, direct_tokens=args.direct_tokens, remask_rule=args.remask_rule,
+        draft_tokens=tuple(int(k) for k in str(args.draft_tokens).split(",") if k.strip()), direct_tokens=args.direct_tokens, remask_rule=args.remask_rule,
         remask_delta=args.remask_delta,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, output_dir=args.output,
         json_path=args.json_path, plot_path=plot, progress=not args.no_progress,
         trust_remote_code=args.trust_remote_code,
         tasks=tuple(args.tasks.split(",")) if args.tasks else None, timing_repeats=args.timing_repeats,
+        device=args.device,
     )
     print(result["table"])
     if plot:

@@ -10,6 +10,7 @@ from .runner import (
     load_results,
     mode_generate_kwargs,
     mode_label,
+    pareto_frontier,
     parse_mode,
     parse_modes,
     plot_rows,
@@ -50,7 +51,7 @@ __all__ = [
     "ROW_KEYS", "EvalItem", "EvalTask", "FunctionCheck", "GSM8KTask", "HumanEvalTask", "ItemsTask", "JsonlTask",
     "SandboxConfig", "SandboxResult", "SandboxStatus", "SandboxUnavailableError", "as_task", "available_tasks",
     "extract_gsm8k_answer", "format_table", "get_task", "gsm8k_gold", "load_results", "mode_generate_kwargs",
-    "mode_label", "normalize_number", "parse_mode", "parse_modes", "plot_rows", "register_task", "require_sandbox",
+    "mode_label", "normalize_number", "pareto_frontier", "parse_mode", "parse_modes", "plot_rows", "register_task", "require_sandbox",
     "run_function_check", "run_function_checks", "run_modes", "run_program", "run_programs", "sandbox_status",
     "truncate_at_stops", "write_json",
 ]

@@ -381,39 +381,137 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         )
     if any(r.get("timing_sessions", 1) > 1 for r in rows):
         lines.append("note: some rows add wall-clock measured in more than one session (resumed run)")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", TABLE_LEGEND])
 
 
-def plot_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """PNG: accuracy (or, without a checker, agreement with static) against tokens per forward; a line
-    through the dynamic thresholds, one through the remask thresholds, a point for the other modes."""
+#: what format_table's columns mean (printed under the table)
+TABLE_LEGEND = """\
+columns: acc = share of answers the task's checker accepts ("-": no checker); n = prompts; fwd = backbone
+forwards (verify forwards included); head = head forwards; TPF = answer tokens per backbone forward (mean over
+prompts); sec = wall-clock of all batches; x static = static's wall-clock / this mode's (above 1: faster);
+= static = every answer token-for-token equal to static decoding's."""
+
+
+def pareto_frontier(rows: list[dict[str, Any]], metric: str = "accuracy") -> list[dict[str, Any]]:
+    """The rows no other row beats on both wall-clock speed-up vs static and `metric` (at least as good on
+    both and better on one), fastest first: the settings a user would choose among."""
+    points = [r for r in rows if r.get(metric) is not None and r.get("speedup_vs_static") is not None]
+
+    def beaten(r):
+        return any(
+            o["speedup_vs_static"] >= r["speedup_vs_static"] and o[metric] >= r[metric]
+            and (o["speedup_vs_static"] > r["speedup_vs_static"] or o[metric] > r[metric])
+            for o in points
+        )
+
+    return sorted((r for r in points if not beaten(r)), key=lambda r: -r["speedup_vs_static"])
+
+
+# the plot: each mode's marker, colour, label offset (points) and layer: hollow dynamic markers above remask's, so
+# that neither hides the other where they meet, and static's star above the speculative points (same accuracy)
+_PLOT_STYLE = {
+    "remask": dict(marker="s", color="tab:orange", offset=(6, -11), size=7, fill=True, zorder=2),
+    "dynamic": dict(marker="o", color="tab:blue", offset=(-20, 5), size=6, fill=False, zorder=3),
+    "static": dict(marker="*", color="black", offset=(6, 4), size=13, fill=True, zorder=4),
+    "speculative": dict(marker="D", color="tab:green", offset=(6, 4), size=6, fill=True, zorder=2),
+    "direct": dict(marker="^", color="tab:red", offset=(6, 4), size=8, fill=True, zorder=2),
+}
+
+
+def _point_label(r: dict[str, Any]) -> str:
+    if r["mode"] in ("dynamic", "remask"):
+        return f"{r['threshold']:g}"
+    if r["mode"] == "speculative":
+        return f"K={r['mrp_draft_tokens']}"
+    return ""
+
+
+def _group_close_labels(ax, labels):
+    """Labels of one series whose points lie within a few pixels of each other become one label ("0.95/0.9")
+    at the first of them: separate labels there could only overlap."""
+    groups: list[list[Any]] = []
+    for text, x, y, offset, color in labels:
+        here = ax.transData.transform((x, y))
+        for group in groups:
+            if group[4] == color and abs(group[5][0] - here[0]) < 14 and abs(group[5][1] - here[1]) < 14:
+                group[0].append(text)
+                break
+        else:
+            groups.append([[text], x, y, offset, color, here])
+    for group in groups:  # thresholds from the highest, draft counts from the lowest
+        group[0] = "/".join(sorted(group[0], key=lambda t: -float(t) if t.replace(".", "", 1).isdigit() else t))
+    return [tuple(group[:5]) for group in groups]
+
+
+def _place_labels(ax, labels: list[tuple[str, float, float, tuple[int, int], str]]) -> None:
+    """Annotate points so that no label meets another label or any marker: each label takes the first of a few
+    offsets around its point (its mode's own first) whose box, with a margin, is free (greedy, display
+    coordinates)."""
+    from matplotlib.transforms import Bbox
+
+    ax.figure.canvas.draw()
+    renderer = ax.figure.canvas.get_renderer()
+    markers = [ax.transData.transform((x, y)) for line in ax.get_lines() for x, y in line.get_xydata()
+               if line.get_marker() not in (None, "None", "") and x == x and y == y]
+    taken = [Bbox.from_extents(px - 9, py - 9, px + 9, py + 9) for px, py in markers]  # the frontier's rings too
+    for text, x, y, offset, color in _group_close_labels(ax, labels):
+        for dx, dy in (offset, (7, 4), (7, -11), (-22, 5), (-22, -11), (-6, 10), (-6, -17), (12, -3), (-30, -3),
+                       (7, 14), (7, -21), (-22, 14), (-22, -21)):
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7, color=color)
+            box = note.get_window_extent(renderer)
+            if not any(box.expanded(1.1, 1.4).overlaps(other) for other in taken):
+                break
+            note.remove()
+        else:  # every offset is crowded: keep the mode's own
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=offset, fontsize=7, color=color)
+            box = note.get_window_extent(renderer)
+        taken.append(box)
+
+
+def _plot_panel(ax, rows, metric: str, x_key: str, frontier: list[dict[str, Any]] | None) -> None:
+    labels = []
+    for name, style in _PLOT_STYLE.items():
+        line = sorted((r for r in rows if r["mode"] == name and r.get(x_key) is not None), key=lambda r: r[x_key])
+        if not line:
+            continue
+        xs, ys = [r[x_key] for r in line], [float("nan") if r.get(metric) is None else r[metric] for r in line]
+        ax.plot(xs, ys, linestyle="-" if name in ("dynamic", "remask") else "none", marker=style["marker"],
+                color=style["color"], markersize=style["size"], label=name, alpha=0.9,
+                markerfacecolor=style["color"] if style["fill"] else "white", zorder=style["zorder"])
+        labels += [(_point_label(r), x, y, style["offset"], style["color"]) for r, x, y in zip(line, xs, ys, strict=True)]
+    if frontier:
+        xs, ys = [r[x_key] for r in frontier], [r[metric] for r in frontier]
+        ax.plot(xs, ys, color="gray", linestyle="--", linewidth=1, zorder=1)
+        ax.plot(xs, ys, "o", markersize=13, markerfacecolor="none", markeredgecolor="gray", zorder=1,
+                label="Pareto frontier")
+    ax.margins(x=0.06, y=0.1)  # room for the labels of the outermost points
+    _place_labels(ax, [label for label in labels if label[0]])
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.grid(alpha=0.3)
+
+
+def plot_rows(rows: list[dict[str, Any]], path: str | Path, title: str | None = None) -> Path:
+    """PNG, two panels with a shared y axis: accuracy (or, without a checker, agreement with static) against
+    wall-clock speed-up vs static, with the Pareto frontier marked (the trade-off a user chooses on), and against
+    tokens per backbone forward (what the speed-up is made of). Dynamic and remask are lines through their
+    thresholds (each labelled); static, speculative (K=...) and direct are points."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never open a window
     import matplotlib.pyplot as plt
 
-    use_accuracy = any(r["accuracy"] is not None for r in rows)
-    metric = "accuracy" if use_accuracy else "token_agreement_with_static"
-
-    def value(r):
-        v = r.get(metric)
-        return float("nan") if v is None else v
-
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    for name, marker in (("dynamic", "o-"), ("remask", "s-")):
-        line = sorted((r for r in rows if r["mode"] == name), key=lambda r: r["tokens_per_forward"])
-        if line:
-            ax.plot([r["tokens_per_forward"] for r in line], [value(r) for r in line], marker, label=name)
-            for r in line:
-                ax.annotate(f"{r['threshold']:g}", (r["tokens_per_forward"], value(r)), fontsize=7,
-                            textcoords="offset points", xytext=(3, 3))
-    for name, marker in (("static", "k*"), ("speculative", "D"), ("direct", "^")):
-        for r in (r for r in rows if r["mode"] == name):
-            ax.plot([r["tokens_per_forward"]], [value(r)], marker, markersize=9, label=r.get("label", name))
-    ax.set_xlabel("tokens per backbone forward")
-    ax.set_ylabel(metric.replace("_", " "))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    metric = "accuracy" if any(r["accuracy"] is not None for r in rows) else "token_agreement_with_static"
+    fig, (wall, tpf) = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True)
+    _plot_panel(wall, rows, metric, "speedup_vs_static", pareto_frontier(rows, metric))
+    wall.axvline(1.0, color="black", linewidth=0.6, alpha=0.5)
+    wall.set_xlabel("wall-clock speed-up vs static (x)")
+    wall.set_title("accuracy vs wall-clock", fontsize=10)
+    wall.legend(fontsize=7, loc="lower left")
+    _plot_panel(tpf, rows, metric, "tokens_per_forward", None)
+    tpf.set_xlabel("tokens per backbone forward")
+    tpf.set_title("accuracy vs tokens per forward", fontsize=10)
+    n = max((r["n"] for r in rows), default=0)
+    fig.suptitle(title or f"Decoding modes: {metric.replace('_', ' ')} against speed ({n} prompts)")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

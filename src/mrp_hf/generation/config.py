@@ -25,6 +25,7 @@ _DEFAULTS: dict[str, Any] = {
     "step_schedule": "even",  # with steps: "even" (LLaDA, SDAR) or "dream" (Dream's diffusion_generate)
     "threshold": None,  # set: dynamic regime (reveal every masked position above it, at least one)
     "confidence": "top_prob",
+    "confidence_resolution": None,  # set: the static regime ranks confidences rounded to multiples of it
     "temperature": 0.0,
     "top_k": None,
     "top_p": None,
@@ -69,6 +70,12 @@ class MRPGenerationConfig(GenerationConfig):
             `steps=max_new_tokens, step_schedule="dream"` reproduces its `diffusion_generate` (greedy).
         threshold: dynamic regime: reveal every masked position whose confidence exceeds it (at least one).
         confidence: `"top_prob"`, `"margin"` (top-1 minus top-2), `"neg_entropy"`, or `"random"` order.
+        confidence_resolution: the static regime (no threshold: static, speculative, direct) ranks confidences
+            rounded to multiples of it, so positions whose confidences differ by less are ties, decided by
+            position (leftmost first); `None` (default): exact confidences. Speculative decoding stays identical
+            to static decoding under the same setting, and its drafts are accepted far more often where many
+            positions are near-certain (docs/benchmarks.md: the reference DLM ships with 0.05). The dynamic
+            regime's thresholds (dynamic, remask) always see exact confidences.
         temperature, top_k, top_p: sampling; `temperature=0` is greedy. Random draws are keyed by
             (prompt, position, tokens committed so far) and `seed`, so they do not depend on batch
             composition or call order.
@@ -133,6 +140,7 @@ class MRPGenerationConfig(GenerationConfig):
             raise ValueError(f"Unknown verify_layout {self.verify_layout!r}; choose one of {list(VERIFY_LAYOUTS)}.")
         if self.remask_rule not in REMASK_RULES:
             raise ValueError(f"Unknown remask_rule {self.remask_rule!r}; choose one of {list(REMASK_RULES)}.")
+        _resolution(self.confidence_resolution)
         _positive_int("max_new_tokens", self.max_new_tokens)
         _positive_int("tokens_per_step", self.tokens_per_step)
         _positive_int("mrp_draft_tokens", self.mrp_draft_tokens, hint="K >= 1 drafts per round")
@@ -229,6 +237,14 @@ def _token_ids(name: str, value: Any) -> None:
             continue
         if isinstance(item, bool) or not isinstance(item, int) or item < 0:
             raise ValueError(f"{name}={value!r} must be a token id (an int >= 0) or a list of them.")
+
+
+def _resolution(value: Any) -> None:
+    if value is None:
+        return
+    _real("confidence_resolution", value, "e.g. 0.05, or None for exact confidences")
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"confidence_resolution={value} is outside (0, 1); use e.g. 0.05, or None for exact confidences.")
 
 
 def _positive_int(name: str, value: Any, hint: str = "") -> None:

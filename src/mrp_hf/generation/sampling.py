@@ -175,6 +175,13 @@ class TokenProposer:
         return values
 
     def _confidence(self, probs, tokens, row_key, position, committed) -> torch.Tensor:
+        value = self._exact_confidence(probs, tokens, row_key, position, committed)
+        resolution = self.config.confidence_resolution
+        if resolution is None or self.config.threshold is not None:  # thresholds always see exact confidences
+            return value
+        return torch.round(value / resolution) * resolution
+
+    def _exact_confidence(self, probs, tokens, row_key, position, committed) -> torch.Tensor:
         rule = self.config.confidence
         if rule == "top_prob":
             return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

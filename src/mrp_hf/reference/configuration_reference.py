@@ -14,6 +14,10 @@ class ReferenceDLMConfig(PretrainedConfig):
 
     `attention="bidirectional"` makes every position see every other (a LLaDA-style variant); such a model
     has no exact cache.
+
+    `block_position_embedding=True` adds a learned embedding of each position's index inside its block
+    (position id modulo `block_size`) to the token embeddings: rotary positions are relative, and a deep
+    model learns the block layout (where an answer block starts, where its EOS fill begins) faster with it.
     """
 
     model_type = "mrp_reference_dlm"
@@ -36,6 +40,7 @@ class ReferenceDLMConfig(PretrainedConfig):
         pad_token_id: int = 0,
         eos_token_id: int = 2,
         tie_word_embeddings: bool = False,
+        block_position_embedding: bool = False,
         **kwargs,
     ):
         if attention not in ("block_causal", "bidirectional"):
@@ -54,6 +59,7 @@ class ReferenceDLMConfig(PretrainedConfig):
         self.rms_norm_eps = rms_norm_eps
         self.initializer_range = initializer_range
         self.mask_token_id = mask_token_id
+        self.block_position_embedding = block_position_embedding
         super().__init__(
             pad_token_id=pad_token_id, eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs
         )

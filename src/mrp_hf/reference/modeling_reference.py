@@ -123,6 +123,10 @@ class ReferenceDLM(ReferenceDLMPreTrainedModel, GenerationMixin):
     def __init__(self, config: ReferenceDLMConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # learned in-block position (position id modulo block_size), added to the token embeddings
+        self.embed_block_positions = (
+            nn.Embedding(config.block_size, config.hidden_size) if getattr(config, "block_position_embedding", False) else None
+        )
         self.layers = nn.ModuleList(ReferenceLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -184,6 +188,8 @@ class ReferenceDLM(ReferenceDLMPreTrainedModel, GenerationMixin):
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past, past + length, device=x.device).unsqueeze(0).expand(batch, -1)
+        if self.embed_block_positions is not None:
+            x = x + self.embed_block_positions(position_ids % self.config.block_size)
         if attention_mask is None:
             attention_mask = torch.ones(batch, past + length, dtype=torch.bool, device=x.device)
         mask = attention_mask.bool() if attention_mask.dim() == 4 else self.attention_pattern(attention_mask, length)

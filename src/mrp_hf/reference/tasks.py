@@ -1,15 +1,16 @@
 """Synthetic tasks of the reference DLM, with exact checkers and a held-out split.
 
-Each task makes (prompt, answer) pairs from a seeded `random.Random` and checks any answer exactly. Three of
-the four tasks have several valid answers whose tokens depend on each other, which is where revealing many
-tokens in one step goes wrong (each position's argmax comes from its own marginal, so forms get mixed):
-- `perm`: any ordering of the given letters (the training answers are uniformly random orderings);
-- `pick`: any three distinct letters of the given six, in any order;
-- `pair`: two digits whose sum is the given number, written "a+b" (every split is a valid answer).
-`sort` (sort the given letters) has one valid answer.
-
-Key-value recall, reversal and two-digit addition were tried too: after 2000 training steps the model
-solved under 5% of them, so they do not fit the 20-minute CPU budget of the reference model.
+Each task makes (prompt, answer) pairs from a seeded `random.Random` and checks any answer exactly. Answers run
+over several blocks of 8 tokens and mix spans the model can be sure of (a copy, a sort, a count, a reversal of
+what it already wrote) with spans that have several valid forms, whose tokens depend on each other. Revealing
+many tokens of such a span in one step goes wrong (each position's argmax comes from its own marginal, so forms
+get mixed); revealing the sure spans together is free. That is what makes lower thresholds buy parallelism and
+cost accuracy, which is the trade-off MRP's modes act on:
+- `sort`: the letters sorted, then in reverse order (one valid answer, every span sure);
+- `perm`: a copy of the letters, any ordering of them, then that ordering reversed;
+- `swap`: a copy of four letter pairs, each pair in either order (two forms per pair, 50/50 marginals),
+  then how many pairs were swapped;
+- `pair`: a copy of the tag, two digits whose sum is the given number, then the same sum with the digits swapped.
 
 The held-out split is defined by the prompt: a prompt whose CRC32 is divisible by `HELD_OUT_MODULUS` is
 held out, and the training sampler never emits it. Evaluation sets are drawn from held-out prompts only.
@@ -24,9 +25,9 @@ from dataclasses import dataclass
 
 HELD_OUT_MODULUS = 10
 #: the layout the reference model is trained on: prompts left-padded to PROMPT_LENGTH, answers (+ EOS fill)
-#: of ANSWER_LENGTH tokens (one block of the model's 8: answers have at most 7 characters)
+#: of ANSWER_LENGTH tokens (three blocks of the model's 8: answers have at most 23 characters)
 PROMPT_LENGTH = 16
-ANSWER_LENGTH = 8
+ANSWER_LENGTH = 24
 
 _LETTERS = "abcdefghijkl"
 
@@ -37,6 +38,10 @@ def is_held_out(prompt: str) -> bool:
 
 def _distinct(rng: random.Random, count: int) -> list[str]:
     return rng.sample(_LETTERS, count)
+
+
+def _argument(prompt: str) -> str:
+    return prompt.split(":", 1)[1]
 
 
 @dataclass(frozen=True)
@@ -50,48 +55,69 @@ class Task:
 
 
 def _sort_make(rng):
-    letters = _distinct(rng, rng.randint(3, 7))
-    return "sort:" + "".join(letters), "".join(sorted(letters))
+    letters = _distinct(rng, rng.randint(4, 7))
+    ordered = "".join(sorted(letters))
+    return "sort:" + "".join(letters), f"{ordered},{ordered[::-1]}"
 
 
 def _sort_check(prompt, answer):
-    return answer == "".join(sorted(prompt.split(":", 1)[1]))
+    ordered = "".join(sorted(_argument(prompt)))
+    return answer == f"{ordered},{ordered[::-1]}"
 
 
 def _perm_make(rng):
-    letters = _distinct(rng, rng.randint(3, 6))
+    letters = sorted(_distinct(rng, rng.randint(3, 5)))
     order = letters[:]
     rng.shuffle(order)
-    return "perm:" + "".join(sorted(letters)), "".join(order)
+    order = "".join(order)
+    return "perm:" + "".join(letters), f"{''.join(letters)}={order}={order[::-1]}"
 
 
 def _perm_check(prompt, answer):
-    return sorted(answer) == sorted(prompt.split(":", 1)[1])
+    letters = _argument(prompt)
+    parts = answer.split("=")
+    return (len(parts) == 3 and parts[0] == letters and sorted(parts[1]) == sorted(letters)
+            and parts[2] == parts[1][::-1])
 
 
-def _pick_make(rng):
-    pool = sorted(_distinct(rng, 6))
-    return "pick:" + "".join(pool), "".join(rng.sample(pool, 3))
+def _swap_make(rng):
+    letters = "".join(_distinct(rng, 8))
+    pairs = [letters[i : i + 2] for i in range(0, 8, 2)]
+    swapped = [rng.random() < 0.5 for _ in pairs]
+    written = [p[::-1] if s else p for p, s in zip(pairs, swapped, strict=True)]
+    return "swap:" + letters, f"{letters}:{'-'.join(written)}={sum(swapped)}"
 
 
-def _pick_check(prompt, answer):
-    pool = prompt.split(":", 1)[1]
-    return len(answer) == 3 and len(set(answer)) == 3 and all(c in pool for c in answer)
+def _swap_check(prompt, answer):
+    letters = _argument(prompt)
+    pairs = [letters[i : i + 2] for i in range(0, len(letters), 2)]
+    copy, rest = answer.split(":")
+    written, count = rest.split("=")
+    written = written.split("-")
+    if copy != letters or len(written) != len(pairs) or not count.isdigit():
+        return False
+    if any(w not in (p, p[::-1]) for w, p in zip(written, pairs, strict=True)):
+        return False
+    return int(count) == sum(w != p for w, p in zip(written, pairs, strict=True))
 
 
 def _pair_make(rng):
     # prompt "pair:<n>:<tag>" with a random 3-letter tag, so that the prompt space is large enough for a
-    # held-out split; the tag is noise the model must ignore
+    # held-out split; the answer copies the tag, then writes n as a sum of two digits, both ways round
     n = rng.randint(3, 15)
     a = rng.randint(max(0, n - 9), min(9, n))
     tag = "".join(rng.choice(_LETTERS) for _ in range(3))
-    return f"pair:{n}:{tag}", f"{a}+{n - a}"
+    return f"pair:{n}:{tag}", f"{tag},{a}+{n - a}={n},{n - a}+{a}={n}"
 
 
 def _pair_check(prompt, answer):
-    n = int(prompt.split(":")[1])
-    parts = answer.split("+")
-    return len(parts) == 2 and all(len(p) == 1 and p.isdigit() for p in parts) and int(parts[0]) + int(parts[1]) == n
+    _, n, tag = prompt.split(":")
+    copy, first, second = answer.split(",")
+    left, total = first.split("=")
+    parts = left.split("+")
+    if copy != tag or total != n or len(parts) != 2 or not all(len(p) == 1 and p.isdigit() for p in parts):
+        return False
+    return int(parts[0]) + int(parts[1]) == int(n) and second == f"{parts[1]}+{parts[0]}={n}"
 
 
 TASKS: dict[str, Task] = {
@@ -99,7 +125,7 @@ TASKS: dict[str, Task] = {
     for task in (
         Task("sort", _sort_make, _sort_check, multi_form=False),
         Task("perm", _perm_make, _perm_check, multi_form=True),
-        Task("pick", _pick_make, _pick_check, multi_form=True),
+        Task("swap", _swap_make, _swap_check, multi_form=True),
         Task("pair", _pair_make, _pair_check, multi_form=True),
     )
 }

@@ -1,6 +1,6 @@
 """Train the reference DLM, and export head-training data for it.
 
-    python -m mrp_hf.reference.train backbone --output runs/reference-backbone     # seeded, about 20 min on 2 CPU cores
+    python -m mrp_hf.reference.train backbone --output runs/reference-backbone     # seeded, about 40 min on 2 CPU cores
     python -m mrp_hf.reference.train head-data --output runs/reference-head.jsonl   # JSONL for `mrp-hf train`
 
 Training is SDAR-style block diffusion on the synthetic tasks of `tasks.py`. A row is laid out as
@@ -29,8 +29,16 @@ from .modeling_reference import ReferenceDLM
 from .tasks import ANSWER_LENGTH, PROMPT_LENGTH, TASKS, held_out_items, training_sample
 from .tokenizer import build_tokenizer
 
-#: the shipped model's architecture: small enough to train in ~20 minutes on 2 CPU cores
-MODEL_DEFAULTS = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=6, num_attention_heads=6, block_size=8)
+#: the shipped model's architecture: deep and narrow, so that a 1-layer head costs about a tenth of a backbone
+#: forward (as a 3-layer head does on a 36-layer deployment model), and small enough to train in ~40 minutes on
+#: 2 CPU cores
+MODEL_DEFAULTS = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=20, num_attention_heads=4, block_size=8,
+                      block_position_embedding=True)
+
+
+#: the shipped generation config ranks confidences on this grid: most positions of an answer block are
+#: near-certain, and an order decided by differences below it is one no MRP head can predict (docs/benchmarks.md)
+CONFIDENCE_RESOLUTION = 0.05
 
 
 def encode(tokenizer, prompt: str, answer: str | None) -> tuple[list[int], list[int] | None]:
@@ -117,10 +125,14 @@ def evaluate_static(model, tokenizer, items, batch_size: int = 64) -> tuple[floa
     return overall, {task: round(sum(v) / len(v), 3) for task, v in sorted(per_task.items())}
 
 
-def train_backbone(output_dir: str, steps: int = 4600, batch_size: int = 64, lr: float = 2e-3, warmup: int = 100,
-                   seed: int = 0, eval_every: int = 500, eval_per_task: int = 20, threads: int | None = None,
-                   **model_kwargs) -> dict:
-    """Train the reference DLM from scratch and save it (model, tokenizer, generation config, training info)."""
+def train_backbone(output_dir: str, steps: int = 2800, batch_size: int = 32, lr: float = 2e-3, warmup: int = 200,
+                   seed: int = 0, eval_every: int = 400, eval_per_task: int = 20, threads: int | None = None,
+                   stop_after: int | None = None, init_from: str | None = None, **model_kwargs) -> dict:
+    """Train the reference DLM from scratch and save it (model, tokenizer, generation config, training info).
+
+    `stop_after`: stop after that many steps of the `steps`-step schedule (the same weights as the full run's
+    at that step, e.g. as its snapshot beside the output). `init_from`: a saved reference DLM to continue from
+    (a second phase with its own schedule and seed; fresh optimizer state), instead of a random init."""
     from ..generation.config import MRPGenerationConfig
 
     if threads:
@@ -133,7 +145,7 @@ def train_backbone(output_dir: str, steps: int = 4600, batch_size: int = 64, lr:
         eos_token_id=tokenizer.eos_token_id, max_position_embeddings=PROMPT_LENGTH + ANSWER_LENGTH,
         **{**MODEL_DEFAULTS, **model_kwargs},
     )
-    model = ReferenceDLM(config)
+    model = ReferenceDLM.from_pretrained(init_from) if init_from else ReferenceDLM(config)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -142,7 +154,8 @@ def train_backbone(output_dir: str, steps: int = 4600, batch_size: int = 64, lr:
     eval_items = held_out_items(per_task=eval_per_task, seed=seed + 1)
     history = []
     started = time.time()
-    bar = tqdm(range(steps), desc="reference DLM", unit="step")
+    last = min(steps, stop_after or steps)
+    bar = tqdm(range(last), desc="reference DLM", unit="step")
     for step in bar:
         input_ids, pattern, position_ids, labels = make_batch(tokenizer, rng, generator, batch_size, config.block_size)
         loss = model(input_ids, attention_mask=pattern, position_ids=position_ids, labels=labels).loss
@@ -152,26 +165,31 @@ def train_backbone(output_dir: str, steps: int = 4600, batch_size: int = 64, lr:
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < last:
             accuracy, per_task = evaluate_static(model, tokenizer, eval_items)
             history.append({"step": step + 1, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
             bar.write(f"step {step + 1}: loss {loss.item():.3f}, held-out static accuracy {accuracy:.3f} {per_task}")
+            # a snapshot beside the output (weights and config), so that a run stopped late is not all lost
+            model.save_pretrained(Path(output_dir).with_name(Path(output_dir).name + "-latest"))
     train_seconds = time.time() - started
     model.eval()
     accuracy, per_task = evaluate_static(model, tokenizer, eval_items)
-    history.append({"step": steps, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
+    history.append({"step": last, "loss": loss.item(), "static_accuracy": accuracy, "per_task": per_task})
     info = {
-        "seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr, "train_seconds": round(train_seconds, 1),
+        "seed": seed, "steps": steps, "warmup": warmup, "stopped_after": stop_after, "init_from": init_from, "batch_size": batch_size, "lr": lr, "train_seconds": round(train_seconds, 1),
         "threads": torch.get_num_threads(), "tasks": sorted(TASKS), "history": history,
         "held_out_static_accuracy": accuracy, "held_out_static_accuracy_per_task": per_task, "eval_items": len(eval_items),
         "eval_per_task": eval_per_task,
     }
+    if init_from and (Path(init_from) / "training_info.json").is_file():  # keep the earlier phase's record
+        info["first_phase"] = json.loads((Path(init_from) / "training_info.json").read_text())
     out = Path(output_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _portable_tokenizer_class(out)
     MRPGenerationConfig(
         max_new_tokens=ANSWER_LENGTH, block_length=config.block_size, tokens_per_step=1, temperature=0.0,
+        confidence_resolution=CONFIDENCE_RESOLUTION,
         mask_token_id=tokenizer.mask_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     ).save_pretrained(out)
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -203,12 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("backbone", help="train the reference DLM from scratch")
     b.add_argument("--output", required=True)
-    b.add_argument("--steps", type=int, default=4600)
-    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--steps", type=int, default=2800)
+    b.add_argument("--batch-size", type=int, default=32)
     b.add_argument("--lr", type=float, default=2e-3)
+    b.add_argument("--warmup", type=int, default=200)
+    b.add_argument("--init-from", default=None, help="continue from this saved reference DLM (a second phase)")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--eval-every", type=int, default=500)
+    b.add_argument("--eval-every", type=int, default=400)
+    b.add_argument("--eval-per-task", type=int, default=20)
+    b.add_argument("--num-layers", type=int, default=MODEL_DEFAULTS["num_hidden_layers"])
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--stop-after", type=int, default=None, help="stop after N steps of the --steps schedule")
     b.add_argument("--attention", choices=["block_causal", "bidirectional"], default="block_causal")
     h = sub.add_parser("head-data", help="write training-split JSONL for `mrp-hf train`")
     h.add_argument("--output", required=True)
@@ -216,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     if args.command == "backbone":
-        info = train_backbone(args.output, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                              eval_every=args.eval_every, threads=args.threads, attention=args.attention)
+        info = train_backbone(args.output, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, seed=args.seed,
+                              eval_every=args.eval_every, eval_per_task=args.eval_per_task, threads=args.threads,
+                              attention=args.attention, num_hidden_layers=args.num_layers, stop_after=args.stop_after,
+                              init_from=args.init_from)
         print(json.dumps({k: v for k, v in info.items() if k != "history"}, indent=2))
     else:
         export_head_data(args.output, samples=args.samples, seed=args.seed)
