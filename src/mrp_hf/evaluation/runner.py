@@ -41,6 +41,7 @@ RESULTS_FILE = "results.jsonl"
 ROW_KEYS = (
     "mode", "threshold", "mrp_draft_tokens", "accuracy", "n", "backbone_forwards", "head_forwards",
     "tokens_per_forward", "wall_seconds", "speedup_vs_static", "identical_to_static",
+    "draft_graph", "base", "identical_to_base",
 )
 
 
@@ -318,6 +319,21 @@ def _run_batch(model, tokenizer, task, items, prompts, chat, kwargs, eos, repeat
     ]
 
 
+def _against_base(mode: dict[str, Any], records: list[dict[str, Any]], results) -> dict[str, Any]:
+    """`draft_graph` (its shape, or None), `drafter`, `base` (the decoding a mode builds on: "dynamic" at the
+    mode's threshold when it has one, else "static") and `identical_to_base` (every answer token-for-token equal to
+    that base's, None when the base did not run in the same sweep)."""
+    graph = mode.get("mrp_draft_graph")
+    base = "dynamic" if mode.get("threshold") is not None else "static"
+    reference = results.get("static" if base == "static" else mode_label({"mode": "dynamic", "threshold": mode["threshold"]}))
+    same = None
+    if reference is not None:
+        pairs = [r["tokens"] == reference[r["item_id"]]["tokens"] for r in records if r["item_id"] in reference]
+        same = bool(pairs) and all(pairs)
+    return {"draft_graph": graph if graph is None or isinstance(graph, str) else "x".join(map(str, graph)),
+            "drafter": mode.get("mrp_drafter"), "base": base, "identical_to_base": same}
+
+
 def _summarise(modes, ids, results, has_checker, session) -> list[dict[str, Any]]:
     rows = []
     static = results[mode_label(modes[0])]
@@ -349,6 +365,7 @@ def _summarise(modes, ids, results, has_checker, session) -> list[dict[str, Any]
             "wall_seconds": wall,
             "speedup_vs_static": None,
             "identical_to_static": bool(same) and all(same),
+            **_against_base(mode, records, results),
             "token_agreement_with_static": agree / count if count else None,
             "accepted_drafts": sum(b.get("accepted_drafts", 0) for b in batches.values()),
             "revoked_reveals": sum(b.get("revoked_reveals", 0) for b in batches.values()),
@@ -370,14 +387,18 @@ def write_json(rows: list[dict[str, Any]], path: str | Path, **metadata: Any) ->
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A fixed-width table of the rows (one line per mode)."""
-    header = f"{'mode':<16}{'acc':>7}{'n':>6}{'fwd':>8}{'head':>7}{'TPF':>7}{'sec':>9}{'x static':>10}{'= static':>10}"
+    width = max([16, *(len(r.get("label", r["mode"])) + 2 for r in rows)])
+    header = (f"{'mode':<{width}}{'acc':>7}{'n':>6}{'fwd':>8}{'head':>7}{'TPF':>7}{'sec':>9}{'x static':>10}"
+              f"{'= static':>10}{'= base':>8}")
     lines = [header, "-" * len(header)]
     for r in rows:
         acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
         speed = "-" if r["speedup_vs_static"] is None else f"{r['speedup_vs_static']:.2f}"
+        base = "-" if r.get("identical_to_base") is None else str(r["identical_to_base"])
         lines.append(
-            f"{r.get('label', r['mode']):<16}{acc:>7}{r['n']:>6}{r['backbone_forwards']:>8}{r['head_forwards']:>7}"
+            f"{r.get('label', r['mode']):<{width}}{acc:>7}{r['n']:>6}{r['backbone_forwards']:>8}{r['head_forwards']:>7}"
             f"{r['tokens_per_forward']:>7.2f}{r['wall_seconds']:>9.2f}{speed:>10}{str(r['identical_to_static']):>10}"
+            f"{base:>8}"
         )
     if any(r.get("timing_sessions", 1) > 1 for r in rows):
         lines.append("note: some rows add wall-clock measured in more than one session (resumed run)")
@@ -389,7 +410,9 @@ TABLE_LEGEND = """\
 columns: acc = share of answers the task's checker accepts ("-": no checker); n = prompts; fwd = backbone
 forwards (verify forwards included); head = head forwards; TPF = answer tokens per backbone forward (mean over
 prompts); sec = wall-clock of all batches; x static = static's wall-clock / this mode's (above 1: faster);
-= static = every answer token-for-token equal to static decoding's."""
+= static = every answer token-for-token equal to static decoding's; = base = equal to the decoding the mode builds
+on (dynamic decoding at the row's threshold when it has one, else static; "-": that base was not run).
+speculative:tree-2x2 and the like are draft graphs; {"mrp_drafter": "backbone"}: drafted without the head."""
 
 
 def pareto_frontier(rows: list[dict[str, Any]], metric: str = "accuracy") -> list[dict[str, Any]]:
@@ -414,11 +437,20 @@ _PLOT_STYLE = {
     "dynamic": dict(marker="o", color="tab:blue", offset=(-20, 5), size=6, fill=False, zorder=3),
     "static": dict(marker="*", color="black", offset=(6, 4), size=13, fill=True, zorder=4),
     "speculative": dict(marker="D", color="tab:green", offset=(6, 4), size=6, fill=True, zorder=2),
+    "draft graph": dict(marker="P", color="tab:purple", offset=(6, -11), size=8, fill=True, zorder=2),
     "direct": dict(marker="^", color="tab:red", offset=(6, 4), size=8, fill=True, zorder=2),
 }
 
 
+def _series(r: dict[str, Any]) -> str:
+    """The plot series of a row: its mode, or "draft graph" for speculative decoding with a draft graph."""
+    return "draft graph" if r["mode"] == "speculative" and r.get("draft_graph") else r["mode"]
+
+
 def _point_label(r: dict[str, Any]) -> str:
+    if _series(r) == "draft graph":
+        over = f"{r['threshold']:g} " if r.get("threshold") is not None else ""
+        return f"{over}{r['draft_graph']}{' no head' if r.get('drafter') == 'backbone' else ''}"
     if r["mode"] in ("dynamic", "remask"):
         return f"{r['threshold']:g}"
     if r["mode"] == "speculative":
@@ -471,7 +503,7 @@ def _place_labels(ax, labels: list[tuple[str, float, float, tuple[int, int], str
 def _plot_panel(ax, rows, metric: str, x_key: str, frontier: list[dict[str, Any]] | None) -> None:
     labels = []
     for name, style in _PLOT_STYLE.items():
-        line = sorted((r for r in rows if r["mode"] == name and r.get(x_key) is not None), key=lambda r: r[x_key])
+        line = sorted((r for r in rows if _series(r) == name and r.get(x_key) is not None), key=lambda r: r[x_key])
         if not line:
             continue
         xs, ys = [r[x_key] for r in line], [float("nan") if r.get(metric) is None else r[metric] for r in line]
@@ -484,7 +516,7 @@ def _plot_panel(ax, rows, metric: str, x_key: str, frontier: list[dict[str, Any]
         ax.plot(xs, ys, color="gray", linestyle="--", linewidth=1, zorder=1)
         ax.plot(xs, ys, "o", markersize=13, markerfacecolor="none", markeredgecolor="gray", zorder=1,
                 label="Pareto frontier")
-    ax.margins(x=0.06, y=0.1)  # room for the labels of the outermost points
+    ax.margins(x=0.1, y=0.1)  # room for the labels of the outermost points
     _place_labels(ax, [label for label in labels if label[0]])
     ax.set_ylabel(metric.replace("_", " "))
     ax.grid(alpha=0.3)
@@ -494,7 +526,8 @@ def plot_rows(rows: list[dict[str, Any]], path: str | Path, title: str | None = 
     """PNG, two panels with a shared y axis: accuracy (or, without a checker, agreement with static) against
     wall-clock speed-up vs static, with the Pareto frontier marked (the trade-off a user chooses on), and against
     tokens per backbone forward (what the speed-up is made of). Dynamic and remask are lines through their
-    thresholds (each labelled); static, speculative (K=...) and direct are points."""
+    thresholds (each labelled); static, speculative (K=...), draft graphs (shape; "no head": drafted by the
+    backbone itself; a threshold in front: over dynamic decoding) and direct are points."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never open a window

@@ -25,12 +25,21 @@ from . import bundled
 
 DEFAULT_THRESHOLDS = (0.95, 0.9, 0.8, 0.7, 0.5, 0.3)
 DEFAULT_DRAFT_TOKENS = (2, 3, 4)
+#: draft graphs (docs/modes.md#draft-graphs): a head-drafted tree, a chain drafted by the backbone itself (no head),
+#: and a head-free chain over dynamic decoding at 0.5; each must equal its base decoding token for token
+DEFAULT_DRAFT_GRAPHS = (
+    {"mrp_draft_graph": "tree-3x2x1"},
+    {"mrp_draft_graph": "chain-7", "mrp_drafter": "backbone"},
+    {"mrp_draft_graph": "chain-4", "mrp_drafter": "backbone", "threshold": 0.5},
+)
 
 
 def demo_modes(thresholds=DEFAULT_THRESHOLDS, draft_tokens=DEFAULT_DRAFT_TOKENS, direct_tokens: int = 2,
-               remask_rule: str = "confidence", remask_delta: float | None = None) -> list[dict[str, Any]]:
+               remask_rule: str = "confidence", remask_delta: float | None = None,
+               draft_graphs=DEFAULT_DRAFT_GRAPHS) -> list[dict[str, Any]]:
     """static, dynamic@t and remask@t for each threshold, speculative at each K (drafts per round; an int or a
-    sequence), direct (K head steps)."""
+    sequence), the draft graphs (speculative with `mrp_draft_graph`: dicts of generate arguments; one over a
+    threshold needs dynamic decoding at that threshold among `thresholds` to compare with), direct (K head steps)."""
     modes: list[dict[str, Any]] = [{"mode": "static"}]
     modes += [{"mode": "dynamic", "threshold": t} for t in thresholds]
     rule = {} if remask_rule == "confidence" else {"remask_rule": remask_rule}  # the default stays out of labels
@@ -39,6 +48,8 @@ def demo_modes(thresholds=DEFAULT_THRESHOLDS, draft_tokens=DEFAULT_DRAFT_TOKENS,
     modes += [{"mode": "remask", "threshold": t, **rule} for t in thresholds]
     drafts = (draft_tokens,) if isinstance(draft_tokens, int) else tuple(draft_tokens)
     modes += [{"mode": "speculative", "mrp_draft_tokens": k} for k in drafts]
+    modes += [{"mode": "speculative", **graph} for graph in draft_graphs
+              if graph.get("threshold") is None or graph["threshold"] in thresholds]
     modes.append({"mode": "direct", "mrp_draft_tokens": direct_tokens})
     return modes
 
@@ -77,8 +88,9 @@ def summarize_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
          "tokens_per_forward": r["tokens_per_forward"], "speedup_vs_static": r["speedup_vs_static"],
          "met": bool(r["identical_to_static"] and r["tokens_per_forward"] >= SPECULATIVE_MIN_TPF
                      and (r["speedup_vs_static"] or 0) >= SPECULATIVE_MIN_SPEEDUP)}
-        for r in rows if r["mode"] == "speculative"
+        for r in rows if r["mode"] == "speculative" and not r.get("draft_graph")
     ]}
+    out["draft_graphs"] = _draft_graph_report(rows)
     if static["accuracy"] is None:
         return out
     dynamic = [r for r in rows if r["mode"] == "dynamic"]
@@ -99,6 +111,27 @@ def summarize_targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["frontier"] = _remask_against_dynamic_frontier(rows, dynamic)
     out["dynamic_max_points_lost"] = max((x["points_lost_by_dynamic"] for x in remask_report), default=None)
     return out
+
+
+def _draft_graph_report(rows) -> list[dict[str, Any]]:
+    """Each draft-graph row against its base (static, or dynamic at its threshold) and the head's chain (K=3):
+    identical to the base, tokens per forward, backbone forwards and wall-clock against both (issue-16 targets:
+    over static >= 3.0 tokens per forward and >= 1.6x static; over dynamic <= 0.7x its forwards)."""
+    def find(**want):
+        return next((r for r in rows if all(r.get(k) == v for k, v in want.items()) and not r.get("draft_graph")), None)
+
+    chain = find(mode="speculative", mrp_draft_tokens=3)
+    report = []
+    for r in (x for x in rows if x.get("draft_graph")):
+        base = find(mode="dynamic", threshold=r["threshold"]) if r["base"] == "dynamic" else rows[0]
+        report.append({
+            "label": r["label"], "base": r["base"], "identical_to_base": r["identical_to_base"],
+            "tokens_per_forward": r["tokens_per_forward"],
+            "forwards_vs_base": r["backbone_forwards"] / base["backbone_forwards"] if base else None,
+            "speedup_vs_base": base["wall_seconds"] / r["wall_seconds"] if base and r["wall_seconds"] else None,
+            "speedup_vs_chain": chain["wall_seconds"] / r["wall_seconds"] if chain and r["base"] == "static" else None,
+        })
+    return report
 
 
 def _remask_against_dynamic_frontier(rows, dynamic) -> dict[str, Any]:
@@ -145,6 +178,11 @@ def format_targets(targets: dict[str, Any]) -> str:
             lines.append(f"remask @ {p['threshold']:g}: {p['speedup_vs_static']:.2f}x static; {rival}")
         lines.append(f"remask above dynamic's frontier (>= {100 * REMASK_MIN_MARGIN:.0f} points, faster than static): "
                      f"{'met' if frontier['met'] else 'missed'}")
+    for g in targets.get("draft_graphs", []):
+        chain = "" if g["speedup_vs_chain"] is None else f", {g['speedup_vs_chain']:.2f}x the K=3 chain"
+        lines.append(f"draft graph {g['label']}: identical to {g['base']}: {g['identical_to_base']}; tokens/forward "
+                     f"{g['tokens_per_forward']:.2f}; {g['forwards_vs_base']:.2f}x {g['base']}'s forwards; "
+                     f"{g['speedup_vs_base']:.2f}x {g['base']}'s speed{chain}")
     if targets.get("dynamic_max_points_lost") is not None:
         lines.append(f"dynamic decoding loses at most {targets['dynamic_max_points_lost']:.1f} points "
                      f"(target: >= {100 * DYNAMIC_MIN_LOSS:.0f} at some threshold)")
