@@ -41,6 +41,27 @@ def top_k_positions(confidence: torch.Tensor, masked: torch.Tensor, k: torch.Ten
     return (confidence_ranks(confidence) < k) & masked
 
 
+def commit_exact_step(block: BlockContext, logits: torch.Tensor, select) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The base decoding's own step on the current state, from its exact `logits`: propose, `select(confidence,
+    masked)` the positions to reveal, commit them. One read of the device (whether a row stalled, the most masked
+    positions any row has left). Returns (ids [n, L], committed [n], masked [n, L], left) after the step; the
+    speculative decoders draft from there."""
+    ids = block.ids()
+    masked = ids == block.mask_id
+    committed = block.committed
+    tokens, confidence = block.propose(logits, masked, committed)
+    step = select(confidence, masked)
+    stalled = masked.any(dim=1) & ~step.any(dim=1)
+    ids = torch.where(step, tokens, ids)
+    block.commit(ids, step.sum(dim=1))
+    committed = committed + step.sum(dim=1)
+    masked = masked & ~step
+    any_stalled, left = torch.stack([stalled.any().long(), masked.sum(dim=1).max()]).tolist()
+    if any_stalled:
+        block.raise_if_stalled(stalled, confidence)
+    return ids, committed, masked, left
+
+
 class BlockDecoder:
     """Fills one block of every active row through a `BlockContext`; the plain decoder below alternates one
     backbone forward and one reveal decision, the MRP modes replace it."""

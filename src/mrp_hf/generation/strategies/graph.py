@@ -28,7 +28,7 @@ import torch
 from ...backbones.base import BackboneOutput
 from ..block import BlockContext
 from ..draft_graph import DraftGraph
-from .base import BlockDecoder, RevealStrategy, top_k_positions
+from .base import BlockDecoder, RevealStrategy, commit_exact_step, top_k_positions
 
 
 class DraftTree(NamedTuple):
@@ -66,19 +66,7 @@ class GraphSpeculativeDecoder(BlockDecoder):
         exact = block.forward(hidden=hidden)  # the backbone's own outputs on the current state S
         while True:
             # 1. the exact step on S -> the root
-            ids = block.ids()
-            masked = ids == block.mask_id
-            committed = block.committed
-            tokens, confidence = block.propose(exact.logits, masked, committed)
-            step = self.step(confidence, masked)
-            stalled = masked.any(dim=1) & ~step.any(dim=1)
-            ids = torch.where(step, tokens, ids)
-            block.commit(ids, step.sum(dim=1))
-            committed = committed + step.sum(dim=1)
-            masked = masked & ~step
-            any_stalled, left = torch.stack([stalled.any().long(), masked.sum(dim=1).max()]).tolist()
-            if any_stalled:
-                block.raise_if_stalled(stalled, confidence)
+            ids, committed, masked, left = commit_exact_step(block, exact.logits, self.step)
             if left == 0:
                 return
             # 2. the graph's nodes, no more than the masks left allow

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..block import BlockContext
-from .base import BlockDecoder, top_k_positions
+from .base import BlockDecoder, commit_exact_step, top_k_positions
 
 
 class SpeculativeDecoder(BlockDecoder):
@@ -33,19 +33,9 @@ class SpeculativeDecoder(BlockDecoder):
         exact = block.forward(hidden=True)  # the backbone's own outputs on the current state S
         while True:
             # 1. the exact pick on S
-            ids = block.ids()
-            masked = ids == block.mask_id
-            committed = block.committed
-            tokens, confidence = block.propose(exact.logits, masked, committed)
-            pick = top_k_positions(confidence, masked, 1)
-            stalled = masked.any(dim=1) & ~pick.any(dim=1)
-            ids = torch.where(pick, tokens, ids)
-            block.commit(ids, pick.sum(dim=1))
-            committed = committed + pick.sum(dim=1)
-            masked = masked & ~pick
-            any_stalled, left = torch.stack([stalled.any().long(), masked.sum(dim=1).max()]).tolist()
-            if any_stalled:
-                block.raise_if_stalled(stalled, confidence)
+            ids, committed, masked, left = commit_exact_step(
+                block, exact.logits, lambda confidence, open_: top_k_positions(confidence, open_, 1)
+            )
             if left == 0:
                 return
             # 2. drafts from the head (no more than the masked positions left)
