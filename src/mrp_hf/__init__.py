@@ -7,10 +7,10 @@ DLM as soon as transformers loads its Auto classes (`mrp_hf/_auto.py`).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from . import _auto
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0.dev0"
 
@@ -50,17 +50,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'mrp_hf' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the real imports

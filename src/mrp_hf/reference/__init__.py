@@ -7,8 +7,9 @@ The names below load on first use, so that importing the config module alone sta
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "load_reference": "bundled",
@@ -33,13 +34,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'mrp_hf.reference' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

@@ -10,8 +10,9 @@ without torch, accelerate or the trainer.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 # public name -> the submodule that defines it
 _EXPORTS = {
@@ -63,17 +64,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'mrp_hf.training' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the real imports
