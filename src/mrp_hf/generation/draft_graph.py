@@ -14,9 +14,11 @@ Shapes are given as `mrp_draft_graph`:
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -41,10 +43,8 @@ class DraftGraph:
 
     @cached_property
     def level_sizes(self) -> tuple[int, ...]:
-        sizes = [1]
-        for width in self.branching:
-            sizes.append(sizes[-1] * width)
-        return tuple(sizes)
+        """Nodes per level, the root's level first."""
+        return tuple(accumulate(self.branching, operator.mul, initial=1))
 
     @property
     def nodes(self) -> int:
@@ -53,10 +53,7 @@ class DraftGraph:
     @cached_property
     def level_starts(self) -> tuple[int, ...]:
         """Index of each level's first node."""
-        starts = [0]
-        for size in self.level_sizes[:-1]:
-            starts.append(starts[-1] + size)
-        return tuple(starts)
+        return tuple(accumulate(self.level_sizes[:-1], initial=0))
 
     def truncated(self, depth: int) -> DraftGraph:
         """The graph cut to at most `depth` levels below the root (no more picks than masked positions left)."""
