@@ -53,10 +53,11 @@ def test_every_task_checks_its_own_answers_and_rejects_wrong_ones(tokenizer):
     assert check_answer("sort", "sort:dbca", "abcd,dcba") and not check_answer("sort", "sort:dbca", "abcd,abcd")
     assert check_answer("perm", "perm:abc", "abc=cab=bac") and check_answer("perm", "perm:abc", "abc=abc=cba")
     assert not check_answer("perm", "perm:abc", "abc=aab=baa") and not check_answer("perm", "perm:abc", "abc=cab=cab")
-    assert check_answer("swap", "swap:abcdefgh", "abcdefgh:ab-dc-ef-hg=2")
-    assert check_answer("swap", "swap:abcdefgh", "abcdefgh:ba-dc-fe-hg=4")
-    assert not check_answer("swap", "swap:abcdefgh", "abcdefgh:ab-dc-ef-hg=1")  # the count follows the pairs
-    assert not check_answer("swap", "swap:abcdefgh", "abcdefgh:aa-dc-ef-hg=1")
+    assert check_answer("swap", "swap:abcdefgh", "ab-dc-ef-hg=gh-fe-cd-ba")
+    assert check_answer("swap", "swap:abcdefgh", "ba-dc-fe-hg=gh-ef-cd-ab")
+    assert not check_answer("swap", "swap:abcdefgh", "ab-dc-ef-hg=hg-fe-cd-ba")  # the reversal follows the pairs
+    assert not check_answer("swap", "swap:abcdefgh", "aa-dc-ef-hg=gh-fe-cd-aa")
+    assert not check_answer("swap", "swap:abcdefgh", "ab-dc-ef=fe-cd-ba")
     assert check_answer("pair", "pair:9:xyz", "xyz,4+5=9,5+4=9") and check_answer("pair", "pair:9:xyz", "xyz,9+0=9,0+9=9")
     assert not check_answer("pair", "pair:9:xyz", "xyz,4+6=9,6+4=9") and not check_answer("pair", "pair:9:xyz", "xyz,4+5=9,4+5=9")
     assert not check_answer("pair", "pair:9:xyz", "xyz,45=9,54=9")

@@ -8,8 +8,8 @@ get mixed); revealing the sure spans together is free. That is what makes lower 
 cost accuracy, which is the trade-off MRP's modes act on:
 - `sort`: the letters sorted, then in reverse order (one valid answer, every span sure);
 - `perm`: a copy of the letters, any ordering of them, then that ordering reversed;
-- `swap`: a copy of four letter pairs, each pair in either order (two forms per pair, 50/50 marginals),
-  then how many pairs were swapped;
+- `swap`: the four letter pairs of the prompt, each in either order (two forms per pair, 50/50 marginals),
+  then what was written, reversed;
 - `pair`: a copy of the tag, two digits whose sum is the given number, then the same sum with the digits swapped.
 
 The held-out split is defined by the prompt: a prompt whose CRC32 is divisible by `HELD_OUT_MODULUS` is
@@ -81,24 +81,22 @@ def _perm_check(prompt, answer):
 
 
 def _swap_make(rng):
+    # the answer used to end with how many pairs were swapped: the 20-layer model never learned that count
+    # (35% of held-out swap answers right), so it ends with a reversal of what was written, a sure span
     letters = "".join(_distinct(rng, 8))
     pairs = [letters[i : i + 2] for i in range(0, 8, 2)]
-    swapped = [rng.random() < 0.5 for _ in pairs]
-    written = [p[::-1] if s else p for p, s in zip(pairs, swapped, strict=True)]
-    return "swap:" + letters, f"{letters}:{'-'.join(written)}={sum(swapped)}"
+    written = "-".join(p[::-1] if rng.random() < 0.5 else p for p in pairs)
+    return "swap:" + letters, f"{written}={written[::-1]}"
 
 
 def _swap_check(prompt, answer):
     letters = _argument(prompt)
     pairs = [letters[i : i + 2] for i in range(0, len(letters), 2)]
-    copy, rest = answer.split(":")
-    written, count = rest.split("=")
-    written = written.split("-")
-    if copy != letters or len(written) != len(pairs) or not count.isdigit():
+    written, reversed_ = answer.split("=")
+    parts = written.split("-")
+    if len(parts) != len(pairs) or reversed_ != written[::-1]:
         return False
-    if any(w not in (p, p[::-1]) for w, p in zip(written, pairs, strict=True)):
-        return False
-    return int(count) == sum(w != p for w, p in zip(written, pairs, strict=True))
+    return all(w in (p, p[::-1]) for w, p in zip(parts, pairs, strict=True))
 
 
 def _pair_make(rng):
