@@ -342,3 +342,76 @@ def test_evaluation_modes_take_draft_graphs(models):
     assert torch.equal(out, dynamic)
     with pytest.raises(ValueError, match="drop threshold=0.5"):
         parse_modes([{"mode": "speculative", "threshold": 0.5}])
+
+
+# ---------------------------------------------------------------- the verify's lookahead
+@pytest.mark.parametrize(("family", "prefix_cache"), PACKING + [("llada", None), ("fast_dllm_v2", None)])
+@pytest.mark.parametrize("layout", ["stacked", "packed"])
+@pytest.mark.parametrize("threshold", [None, 0.3])
+def test_a_carried_lookahead_is_the_next_blocks_first_forward(models, packing_models, family, prefix_cache, layout,  # noqa: F811
+                                                              threshold, monkeypatch):
+    """Where a verify's lookahead stands in for the next block's first forward, its outputs are that forward's
+    (checked against a fresh forward each time one is used), the output stays the base decoding's, and families
+    whose next block cannot start from it (Fast-dLLM v2's autoregressive first token, Dream's approximate cache)
+    never carry. The drafter is an oracle (each node's drafts from the backbone's real outputs on it), so that
+    rounds fill their blocks and carries happen on these random models."""
+    from mrp_hf.generation.block import BlockContext
+    from mrp_hf.generation.strategies.graph import GraphSpeculativeDecoder
+
+    monkeypatch.setattr(GraphSpeculativeDecoder, "draft_logits",
+                        lambda self, block, parents, stale, acc: (block.forward(candidates=parents).logits, None))
+
+    backbone = {**models, **packing_models}[family]
+    plain, _ = models_for(backbone)
+    if layout == "packed" and family in ("llada", "fast_dllm_v2"):
+        pytest.skip("the family cannot pack")
+    used, can_carry = [], set()
+    first_forward = BlockContext.first_forward
+
+    def checked(self, hidden=False):
+        can_carry.add(self._engine.can_carry)
+        carried = self._state.carried
+        out = first_forward(self, hidden)
+        if carried is not None and out is carried[1]:
+            fresh = self.forward(hidden=hidden)
+            torch.testing.assert_close(out.logits, fresh.logits, atol=1e-5, rtol=1e-4)
+            if hidden:
+                torch.testing.assert_close(out.lm_head_input, fresh.lm_head_input, atol=1e-5, rtol=1e-4)
+            used.append(self.start)
+        return out
+
+    monkeypatch.setattr(BlockContext, "first_forward", checked)
+    ids, mask = batch([[5, 17, 33], [9, 60, 2]])
+    kwargs = dict(max_new_tokens=12, block_length=2, prefix_cache=prefix_cache, threshold=threshold,
+                  return_dict_in_generate=True)
+    base = plain.generate(ids, attention_mask=mask, **kwargs)
+    out = plain.generate(ids, attention_mask=mask, mrp_mode="speculative", mrp_drafter="backbone",
+                         mrp_draft_graph="tree-2x1", verify_layout=layout, **kwargs)
+    assert torch.equal(out.sequences, base.sequences)
+    assert len(can_carry) == 1 and bool(used) == can_carry.pop()
+    if family == "fast_dllm_v2" or (family == "dream" and prefix_cache):
+        assert not used
+
+
+def test_the_lookahead_saves_forwards_on_the_bundled_model(monkeypatch):
+    """On the trained reference model, head-free graphs over static and over dynamic decoding need fewer forwards
+    with the lookahead than without it (the engine told it cannot carry), with the same tokens."""
+    from mrp_hf.generation.engine import DecodingEngine
+    from mrp_hf.reference import held_out_items
+    from mrp_hf.reference.bundled import load_reference
+
+    model, tokenizer = load_reference(with_head=False)
+    prompts = [tokenizer(item.prompt, return_tensors="pt")["input_ids"] for item in held_out_items(per_task=2)]
+
+    def forwards(**kwargs):
+        outs = [model.generate(p, mrp_mode="speculative", mrp_drafter="backbone", return_dict_in_generate=True,
+                               **kwargs) for p in prompts]
+        return sum(o.stats.backbone_forwards for o in outs), [o.sequences for o in outs]
+
+    for kwargs in (dict(mrp_draft_graph="chain-7"), dict(mrp_draft_graph="chain-4", threshold=0.9)):
+        with_lookahead, tokens = forwards(**kwargs)
+        with monkeypatch.context() as patch:
+            patch.setattr(DecodingEngine, "can_carry", property(lambda self: False))
+            without, same_tokens = forwards(**kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(tokens, same_tokens, strict=True))
+        assert with_lookahead < without, (kwargs, with_lookahead, without)

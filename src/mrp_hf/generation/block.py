@@ -24,9 +24,13 @@ if TYPE_CHECKING:
 class BlockContext:
     """The block [start, end) of the active rows (n of them, block length L)."""
 
-    def __init__(self, engine: DecodingEngine, state: DecodingState, start: int, end: int):
+    def __init__(self, engine: DecodingEngine, state: DecodingState, start: int, end: int,
+                 next_block: tuple[int, int] | None = None):
         self._engine, self._state = engine, state
         self.start, self.end = start, end
+        #: the next decoding block (start, end) when a verify's lookahead may compute its first outputs (None: the
+        #: last block, or a family whose next block cannot start from them: `DecodingEngine.can_carry`)
+        self.next_block = next_block
         self.mask_id: int = engine.mask_id
         adapter = engine.adapter
         #: the backbone's input embedding and lm_head (shared with an MRP head, frozen)
@@ -65,16 +69,56 @@ class BlockContext:
         """One counted backbone forward for the block. `candidates` ([n, c, L]) are c versions of the block per row
         evaluated in this one forward, "stacked" or "packed" (`layout`; default: the resolved `verify_layout`);
         outputs come back [n, c, L, ...]."""
-        engine, state = self._engine, self._state
         if candidates is None:
-            return engine.forward(state, self.start, self.end, return_lm_head_input=hidden, has_work=has_work)
+            return self._engine.forward(self._state, self.start, self.end, return_lm_head_input=hidden, has_work=has_work)
+        return self._candidates_forward(candidates, hidden, has_work, layout, None)[0]
+
+    def first_forward(self, hidden: bool = False) -> BackboneOutput:
+        """The backbone's exact outputs on the block as the previous block left it: those the previous block's last
+        verify computed in its lookahead when they are exact for every row (`carry`), else one forward."""
+        carried, self._state.carried = self._state.carried, None
+        if carried is not None and carried[0] == self.start and (carried[1].lm_head_input is not None or not hidden):
+            if bool(carried[2].all()):  # one read of the device per block
+                return carried[1]
+        return self.forward(hidden=hidden)
+
+    def verify(self, candidates: torch.Tensor, hidden: bool = False,
+               lookahead_node: torch.Tensor | None = None) -> tuple[BackboneOutput, BackboneOutput | None]:
+        """One forward over candidate states [n, c, L] (as `forward`). With `lookahead_node` (a candidate index per
+        row, [n]) and a next block, that candidate also runs over the next block, still masked, in the same forward:
+        its outputs there come back second ([n, next length, ...]), and are the next block's first outputs if the
+        block ends as that candidate (`carry`). Whatever an earlier round carried is dropped."""
+        self._state.carried = None
+        if lookahead_node is None or self.next_block is None:
+            return self.forward(hidden=hidden, candidates=candidates), None
+        n, copies, length = candidates.shape
+        # that candidate runs last (the others keep their order), so that only the last copy reads further
+        last = torch.arange(copies, device=candidates.device) == lookahead_node.unsqueeze(1)
+        order = torch.sort(last.long(), dim=1, stable=True).indices
+        moved = candidates.gather(1, order.unsqueeze(-1).expand(-1, -1, length))
+        out, ahead = self._candidates_forward(moved, hidden, None, None, self.next_block)
+        back = order.argsort(dim=1)
+
+        def restore(x):
+            return None if x is None else x.gather(1, back[:, :, None, None].expand_as(x))
+
+        return BackboneOutput(logits=restore(out.logits), lm_head_input=restore(out.lm_head_input)), ahead
+
+    def carry(self, ahead: BackboneOutput, exact: torch.Tensor) -> None:
+        """Keep a verify's lookahead outputs for the next block's `first_forward`; `exact` [n]: rows whose block
+        ended as the lookahead candidate (the next block uses them only if every row's did)."""
+        self._state.carried = (self.next_block[0], ahead, exact)
+
+    def _candidates_forward(self, candidates, hidden, has_work, layout, lookahead):
+        engine, state = self._engine, self._state
         n, copies, length = candidates.shape
         canvas = state.canvas[state.active].repeat_interleave(copies, dim=0)
         canvas[:, self.start : self.end] = candidates.reshape(n * copies, length)
         out = engine.forward(state, self.start, self.end, return_lm_head_input=hidden, canvas=canvas, copies=copies,
-                             has_work=has_work, layout=layout or engine.verify_layout())
+                             has_work=has_work, layout=layout or engine.verify_layout(), lookahead=lookahead)
+        out, ahead = out if lookahead is not None else (out, None)
         lm_head_input = out.lm_head_input.view(n, copies, length, -1) if out.lm_head_input is not None else None
-        return BackboneOutput(logits=out.logits.view(n, copies, length, -1), lm_head_input=lm_head_input)
+        return BackboneOutput(logits=out.logits.view(n, copies, length, -1), lm_head_input=lm_head_input), ahead
 
     def propose(self, logits: torch.Tensor, open_positions: torch.Tensor,
                 committed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

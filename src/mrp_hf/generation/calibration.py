@@ -8,7 +8,10 @@ every depth k, the rank r(t, k) of the base decoding's true next step among the 
 the true path's node S_{t+k} (drafts started from S_t's exact outputs, as a round started there would). A
 round started at S_t with branching (b_1, ..., b_D) accepts the deepest d with r(t, k) < b_k for every k <= d:
 replaying the rounds over the trajectory gives the exact backbone forwards of speculative decoding with any
-shape, without running it (`simulate_forwards`; tests/test_draft_graphs.py checks it against real decodes).
+shape, without running it (`simulate_forwards`; tests/test_draft_graphs.py checks it against real decodes). A
+round that fills its block along the drafter's first-choice path (every rank 0) also computes the next block's
+first outputs (the verify's lookahead, `BlockContext.verify`): the next block, if it follows in the same decode,
+then starts without a forward.
 `calibrate` then picks, per node budget, the shape with the fewest forwards.
 """
 
@@ -28,10 +31,13 @@ from .strategies.graph import GraphSpeculativeDecoder
 @dataclass(frozen=True)
 class BlockTrace:
     """One block of one prompt: `steps` base-decoding steps fill it; `ranks[t][k-1]` is r(t, k), the rank of the
-    true step at depth k of a round started at S_t (`width`: not among the first `width` alternatives)."""
+    true step at depth k of a round started at S_t (`width`: not among the first `width` alternatives);
+    `follows`: the block comes right after the previous trace's, in the same decode, and the engine lets a
+    verify's lookahead carry into it (`DecodingEngine.can_carry`)."""
 
     steps: int
     ranks: tuple[tuple[int, ...], ...]
+    follows: bool = False
 
 
 class RankRecorder(BlockDecoder):
@@ -41,6 +47,7 @@ class RankRecorder(BlockDecoder):
     def __init__(self, drafter: GraphSpeculativeDecoder, depth: int, width: int):
         self.drafter, self.depth, self.width = drafter, depth, width
         self.traces: list[BlockTrace] = []
+        self._expected = None  # (decoding state, block start) of the block a lookahead could carry into
 
     @torch.no_grad()
     def decode_block(self, block: BlockContext) -> None:
@@ -62,13 +69,17 @@ class RankRecorder(BlockDecoder):
                 block.raise_if_stalled(masked.any(dim=1), confidence)
             ids = torch.where(step, tokens, ids)
             block.commit(ids, step.sum(dim=1))
+        follows = self._expected == (id(block._state), block.start)
+        self._expected = None
         if not logits:  # nothing to decode in this block: no forward, no trace
             return
+        if block.next_block is not None:
+            self._expected = (id(block._state), block.next_block[0])
         states.append(ids)
         committed.append(block.committed)
-        self.traces.append(self._trace(block, states, logits, accumulators, committed))
+        self.traces.append(self._trace(block, states, logits, accumulators, committed, follows))
 
-    def _trace(self, block, states, logits, accumulators, committed) -> BlockTrace:
+    def _trace(self, block, states, logits, accumulators, committed, follows: bool) -> BlockTrace:
         """r(t, k) for every start t with a round (t + 1 < steps) and depth k (t + k + 1 <= steps), depth by depth,
         all starts at once (they are the candidate dimension of the drafter's calls)."""
         steps = len(states) - 1
@@ -95,19 +106,24 @@ class RankRecorder(BlockDecoder):
             rank = torch.where(match.any(dim=-1), match.long().argmax(dim=-1), self.width)[0].tolist()
             for t, r in zip(live, rank, strict=True):
                 ranks[t].append(int(r))
-        return BlockTrace(steps=steps, ranks=tuple(tuple(r) for r in ranks))
+        return BlockTrace(steps=steps, ranks=tuple(tuple(r) for r in ranks), follows=follows)
 
 
 def simulate_forwards(traces: list[BlockTrace], branching: tuple[int, ...]) -> int:
     """Backbone forwards the graph decoder spends on these blocks with this branching (batch 1): per block one
-    forward on the first state, then per round the exact step and, unless it finished the block, one verify."""
-    return len(traces) + simulate_verifies(traces, branching)
+    forward on the first state unless the previous block's last verify carried it, then per round the exact step
+    and, unless it finished the block, one verify."""
+    verifies, carried = _replay(traces, branching)
+    return len(traces) - carried + verifies
 
 
-def simulate_verifies(traces: list[BlockTrace], branching: tuple[int, ...]) -> int:
-    """The verify forwards among `simulate_forwards` (the rounds that drafted a graph)."""
-    forwards = 0
+def _replay(traces: list[BlockTrace], branching: tuple[int, ...]) -> tuple[int, int]:
+    """(verify forwards, blocks whose first forward a lookahead carried)."""
+    verifies = carried = 0
+    carries = False  # whether the previous block ended along the first-choice path (its lookahead is exact)
     for trace in traces:
+        carried += int(carries and trace.follows)
+        carries = False
         start = 0
         while True:
             root = start + 1  # after the round's exact step
@@ -118,11 +134,12 @@ def simulate_verifies(traces: list[BlockTrace], branching: tuple[int, ...]) -> i
             while (accepted < len(branching) and accepted < len(ranks) and root + accepted + 1 <= trace.steps
                    and ranks[accepted] < branching[accepted]):
                 accepted += 1
-            forwards += 1
+            verifies += 1
             start = root + accepted
             if start >= trace.steps:
+                carries = not any(ranks[:accepted])
                 break
-    return forwards
+    return verifies, carried
 
 
 def candidate_shapes(max_nodes: int, max_depth: int, max_width: int) -> list[tuple[int, ...]]:

@@ -38,7 +38,8 @@ class DecodingEngine:
     2. For each decoding block, while a row still has masked positions in it:
        a. one backbone forward over the visible part of the canvas (block-causal: up to the end of the model
           block holding it; with the prefix cache when on); families that commit a block's first token
-          autoregressively (Fast-dLLM v2) get that forward and token first;
+          autoregressively (Fast-dLLM v2) get that forward and token first; a speculative decoder's last verify
+          of the previous block may have computed the block's first outputs already (`can_carry`);
        b. propose a token and a confidence per position (`TokenProposer`);
        c. the block decoder picks the positions to reveal and commits them (`BlockContext`).
     3. After each block: rows whose answer holds EOS, whose `stopping_criteria` fire, or whose last block is done,
@@ -251,15 +252,17 @@ class DecodingEngine:
             state.stream = AnswerStream(streamer, self.config.max_new_tokens, self._answers)
             state.stream.prompt(input_ids)
         # 2. blocks: the block decoder (stepwise, or an MRP mode) fills each block
-        for start, end in layout.blocks:
+        blocks = list(layout.blocks)  # contiguous: each starts where the one before ends
+        for index, (start, end) in enumerate(blocks):
             if state.active.numel() == 0:
                 break
             state.block_forwards = 0
+            next_block = blocks[index + 1] if index + 1 < len(blocks) and self.can_carry else None
             if self.adapter.autoregressive_block_start and start % self.grid == 0:
                 self._autoregressive_block_start(state, start)
             if self.refresh_commits_block_start:
                 self._refresh_and_commit_block_start(state, start)
-            self.block_decoder.decode_block(BlockContext(self, state, start, end))
+            self.block_decoder.decode_block(BlockContext(self, state, start, end, next_block))
             # 3. EOS stop, stopping criteria, streamer
             self._finish_block(state, end)
         # 4. sequences and stats
@@ -329,6 +332,11 @@ class DecodingEngine:
             keep = torch.tensor([i for i, done in enumerate(read[:-1]) if not done], dtype=torch.long, device=device)
             if state.cache is not None and self.adapter.exact_prefix_cache:
                 select_cache_rows(state.cache, keep)
+            if state.carried is not None:
+                carried_start, out, exact = state.carried
+                state.carried = (carried_start, BackboneOutput(
+                    logits=out.logits[keep], lm_head_input=None if out.lm_head_input is None else out.lm_head_input[keep]
+                ), exact[keep])
             state.active = active[keep]
         if state.stream is not None:
             state.stream.block_done(state, end, active.tolist(), state.active.tolist())
@@ -398,7 +406,8 @@ class DecodingEngine:
 
     def forward(self, state: DecodingState, start: int, end: int, return_lm_head_input: bool = False,
                 canvas: torch.Tensor | None = None, copies: int = 1, has_work: torch.Tensor | None = None,
-                layout: str = "stacked", visible_end: int | None = None) -> BackboneOutput:
+                layout: str = "stacked", visible_end: int | None = None,
+                lookahead: tuple[int, int] | None = None) -> BackboneOutput | tuple[BackboneOutput, BackboneOutput]:
         """One counted backbone forward for the block [start, end) of every active row; returns its aligned logits
         (and hidden states when asked).
 
@@ -412,6 +421,10 @@ class DecodingEngine:
         training and its own generate), or the whole canvas (bidirectional). With the exact cache the input
         starts at the first uncached position and the cache is then cropped back (`_cache_keep`), so in-block
         forwards never stay in it; the approximate cache is refreshed by each block's first forward.
+
+        `lookahead` = the next decoding block (start, end): the last copy also runs over it (still masked), and
+        its outputs there come back second, [n, next length, ...]: exactly what the next block's first forward
+        computes if the last copy is what this block becomes (`can_carry`).
         """
         adapter, active = self.adapter, state.active
         every_row = state.every_row_active
@@ -420,7 +433,8 @@ class DecodingEngine:
         canvas_mask = state.canvas_mask if every_row else state.canvas_mask[active]
         positions = state.positions if every_row else state.positions[active]
         if visible_end is None:
-            visible_end = min(-(-end // self.grid) * self.grid, canvas.shape[1]) if adapter.block_causal else canvas.shape[1]
+            visible_end = self._visible_end(end, canvas.shape[1])
+        ahead = (*lookahead, self._visible_end(lookahead[1], canvas.shape[1])) if lookahead else None
         cache = state.cache
         if cache is not None and (cache_length(cache) == 0 or (not adapter.exact_prefix_cache and state.block_forwards == 0)):
             # an empty cache may keep a stale batch size (transformers skips row selection on empty layers); the
@@ -430,20 +444,42 @@ class DecodingEngine:
         keep = self._cache_keep(start)
         if copies > 1 and layout == "packed":
             first_scored = start + 1 if self.refresh_commits_block_start else start
-            out = packed_forward(adapter, self._patterns, canvas, canvas_mask, positions, cache, copies,
-                                 (start, end, visible_end), keep, first_scored, self.grid, return_lm_head_input)
+            out, ahead_out = packed_forward(adapter, self._patterns, canvas, canvas_mask, positions, cache, copies,
+                                            (start, end, visible_end), keep, first_scored, self.grid,
+                                            return_lm_head_input, ahead)
         else:
-            out = self._stacked_forward(canvas, canvas_mask, positions, cache, copies, (start, end, visible_end), keep,
-                                        return_lm_head_input)
+            out, ahead_out = self._stacked_forward(canvas, canvas_mask, positions, cache, copies, (start, end, visible_end),
+                                                   keep, return_lm_head_input, ahead)
         state.guard.watch(BACKBONE_PART, out.logits)
         state.counters.backbone_forwards += 1
         if has_work is None:  # rows that still had masked positions in the block: the forward was for them
             has_work = (state.canvas[active, start:end] == self.mask_id).any(dim=1)
         state.counters.row_backbone_forwards[active] += has_work.long()
-        return out
+        if lookahead is None:
+            return out
+        state.guard.watch(BACKBONE_PART, ahead_out.logits)
+        return out, ahead_out
 
-    def _stacked_forward(self, canvas, canvas_mask, positions, cache, copies, span, keep, return_lm_head_input):
+    def _visible_end(self, end: int, width: int) -> int:
+        """Where the input of a forward for a block ending at `end` stops: the end of the model block holding it
+        (block-causal), or the canvas's end (bidirectional)."""
+        return min(-(-end // self.grid) * self.grid, width) if self.adapter.block_causal else width
+
+    @property
+    def can_carry(self) -> bool:
+        """Whether a verify forward's lookahead can stand in for the next block's first forward: the forward over
+        [what precedes the block | the finished block | the next block, masked] must be the same computation
+        either way, which the exact prefix cache (or none) gives, and no block-start rule may run first (Fast-dLLM
+        v2's autoregressive first token, the approximate cache's refresh)."""
+        adapter = self.adapter
+        return not (adapter.autoregressive_block_start or self.refresh_commits_block_start
+                    or (self.use_cache and not adapter.exact_prefix_cache))
+
+    def _stacked_forward(self, canvas, canvas_mask, positions, cache, copies, span, keep, return_lm_head_input,
+                         lookahead=None):
         start, end, visible_end = span
+        if lookahead:  # every copy runs to the next block's visible end (rows of one batch share a width)
+            visible_end = max(visible_end, lookahead[2])
         if copies > 1:
             canvas_mask = canvas_mask.repeat_interleave(copies, dim=0)
             positions = positions.repeat_interleave(copies, dim=0)
@@ -458,13 +494,20 @@ class DecodingEngine:
             return_lm_head_input=return_lm_head_input,
             grid=self.grid,
         )
-        block = slice(start - in_start, end - in_start)
-        hidden = out.lm_head_input[:, block] if out.lm_head_input is not None else None
         if cache is not None:
             crop_cache(cache, keep)
             if copies > 1:
                 select_cache_rows(cache, torch.arange(0, canvas.shape[0], copies, device=canvas.device))
-        return BackboneOutput(logits=out.logits[:, block], lm_head_input=hidden)
+
+        def part(x, first, last, rows=slice(None)):
+            return None if x is None else x[rows, first - in_start : last - in_start]
+
+        block = BackboneOutput(logits=part(out.logits, start, end), lm_head_input=part(out.lm_head_input, start, end))
+        if not lookahead:
+            return block, None
+        last = slice(copies - 1, None, copies)
+        return block, BackboneOutput(logits=part(out.logits, *lookahead[:2], last),
+                                     lm_head_input=part(out.lm_head_input, *lookahead[:2], last))
 
     # ------------------------------------------------------------------ proposals
     def propose(self, state: DecodingState, logits: torch.Tensor, start: int, end: int,

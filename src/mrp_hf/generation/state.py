@@ -145,6 +145,9 @@ class DecodingState:
     stop_column: torch.Tensor | None = None
     #: where the answer goes as it is decoded (`generation/streaming.py`), when generate() got a streamer
     stream: Any = None
+    #: the next block's first outputs from a verify forward's lookahead: (that block's start, BackboneOutput
+    #: [n, L, ...], whether each row's is exact [n]); its first forward uses them instead (`BlockContext`)
+    carried: Any = None
 
     @property
     def every_row_active(self) -> bool:

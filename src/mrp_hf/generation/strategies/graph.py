@@ -8,12 +8,16 @@ One round, from exact backbone outputs on the current state S:
    logits on S (C = 0: "auto-speculation"). A node's children reveal different next steps drafted from them:
    static: the best (position, token) pairs (the drafter's pick first, then the next positions and, under
    top_prob confidence, the next tokens); dynamic: the threshold rule's set first, then that set with the
-   membership of the position whose draft confidence is nearest the threshold flipped, the next nearest, ...;
+   membership of the position whose draft confidence is nearest the threshold flipped, the next nearest, ...
+   (where no draft confidence passes the threshold the rule reveals one position, and the alternatives are the
+   next single picks, as under static decoding);
 3. verification: ONE backbone forward over every node (`BlockContext.forward(candidates=...)`, stacked or packed);
    the backbone's own step on each node is computed with the node's committed count (so the keyed random draws
    are those of the base decoding on that state); a child is accepted iff its parent is and its reveal (positions
    and tokens) is exactly the backbone's step on the parent. Accepted nodes form a path from the root; each row
-   keeps its deepest, whose verify outputs are the exact outputs of the next round.
+   keeps its deepest, whose verify outputs are the exact outputs of the next round. The first node on the
+   first-choice path that fills the block also reads the next block (the lookahead): if every row ends its block
+   on it, the next block starts from those outputs without a forward (`BlockContext.verify`, `carry`).
 Every accepted state is a state the base decoding reaches, with the same committed count, so the output equals
 the base decoding (static, or dynamic at that threshold) token for token, greedy or sampled. One read of the
 device per round, as in the chain (generation/strategies/speculative.py), which a chain-shaped graph reproduces.
@@ -63,7 +67,7 @@ class GraphSpeculativeDecoder(BlockDecoder):
     @torch.no_grad()
     def decode_block(self, block: BlockContext) -> None:
         hidden = self.head is not None
-        exact = block.forward(hidden=hidden)  # the backbone's own outputs on the current state S
+        exact = block.first_forward(hidden=hidden)  # the backbone's own outputs on the current state S
         while True:
             # 1. the exact step on S -> the root
             ids, committed, masked, left = commit_exact_step(block, exact.logits, self.step)
@@ -72,14 +76,31 @@ class GraphSpeculativeDecoder(BlockDecoder):
             # 2. the graph's nodes, no more than the masks left allow
             graph = self._fitted(left)
             tree = self._draft(block, ids, committed, exact, graph)
-            # 3. one backbone forward over every node; each row keeps its deepest accepted node
-            verify = block.forward(hidden=hidden, candidates=tree.states)
+            # 3. one backbone forward over every node (and the next block after the node likeliest to end this one);
+            #    each row keeps its deepest accepted node
+            ahead_node = self._lookahead_node(block, tree, graph, left)
+            verify, ahead = block.verify(tree.states, hidden, ahead_node)
             node = self._deepest_accepted(block, verify.logits, tree, graph)
             rows = torch.arange(ids.shape[0], device=ids.device)
             block.commit(tree.states[rows, node], tree.committed[rows, node] - committed)
+            if ahead is not None:  # exact for the next block where the row ended its block as that node
+                block.carry(ahead, (node == ahead_node) & (tree.states[rows, node] != block.mask_id).all(dim=1))
             block.record_acceptance(graph.depths(node.device)[node], masked.any(dim=1), self.graph.depth)
             lm_head_input = verify.lm_head_input[rows, node] if hidden else None
             exact = BackboneOutput(logits=verify.logits[rows, node], lm_head_input=lm_head_input)
+
+    def _lookahead_node(self, block: BlockContext, tree: DraftTree, graph: DraftGraph, left: int):
+        """Per row, the node after which the verify also reads the next block [n] (None: no lookahead): the first
+        node on the drafter's first-choice path (each level's first node) that fills the block (none: the path's
+        last node, which cannot carry). Static steps reveal one position each, so only a graph as deep as the
+        masks left can fill the block: without one (known on the host) the lookahead is skipped. Only the first-
+        choice path carries, so that calibration can count carried forwards from ranks alone."""
+        if block.next_block is None or (self.reveal is None and graph.depth < left):
+            return None
+        path = torch.tensor(graph.level_starts, device=tree.states.device)
+        filled = (tree.valid[:, path] & (tree.states[:, path] != block.mask_id).all(dim=-1)).long()  # [n, D+1]
+        first = torch.where(filled.any(dim=1), filled.argmax(dim=1), path.numel() - 1)
+        return path[first]
 
     def _fitted(self, left: int) -> DraftGraph:
         """The graph cut to what `left` masked positions (the most of any row) allow: every step reveals one position
@@ -131,9 +152,24 @@ class GraphSpeculativeDecoder(BlockDecoder):
     def children(self, block: BlockContext, logits, open_, committed, width: int):
         """Up to `width` different next steps per parent: reveal masks and their tokens [n, P, W, L], valid [n, P, W]."""
         tokens, confidence = block.propose(logits, open_, committed)
-        if self.reveal is not None:
-            return self._dynamic_children(tokens, confidence, open_, width)
-        length = open_.shape[-1]
+        if self.reveal is None:
+            return self._single_pick_children(block, logits, tokens, confidence, width)
+        flips = self._dynamic_children(tokens, confidence, open_, width)
+        if width == 1:
+            return flips
+        # a node where no draft confidence passes the threshold reveals its one most confident position: its
+        # alternatives are then the next single picks (as under static decoding), not membership flips
+        singles = self._single_pick_children(block, logits, tokens, confidence, width)
+        threshold = self.reveal.threshold
+        passing = (confidence >= threshold) if self.reveal.inclusive else (confidence > threshold)
+        single = ~(passing & open_).any(dim=-1)  # [n, P]
+        return tuple(torch.where(single.view(*single.shape, *([1] * (a.dim() - 2))), a, b)
+                     for a, b in zip(singles, flips, strict=True))
+
+    def _single_pick_children(self, block: BlockContext, logits, tokens, confidence, width: int):
+        """Children that each reveal one (position, token) pair: the drafter's pick first, then the next best pairs
+        (other positions and, with token alternatives, other tokens), [n, P, W, L] / [n, P, W]."""
+        length = tokens.shape[-1]
         scores, alternatives = confidence, tokens
         if width > 1 and self.token_alternatives:
             alt_scores, alt_tokens = self._token_alternatives(block, logits, tokens, confidence)
@@ -165,7 +201,8 @@ class GraphSpeculativeDecoder(BlockDecoder):
 
     def _dynamic_children(self, tokens, confidence, open_, width: int):
         """The threshold rule's set on the draft confidences, then that set with the k-th least certain membership
-        flipped (positions ordered by |confidence - threshold|), for k = 0 .. width - 2."""
+        flipped (positions ordered by |confidence - threshold|), for k = 0 .. width - 2 (where some position passes
+        the threshold; otherwise `children` uses single picks)."""
         base = self.step(confidence, open_)  # [n, P, L]
         reveal, flipped = [base], [torch.ones_like(base[..., 0])]
         if width > 1:

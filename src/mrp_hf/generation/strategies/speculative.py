@@ -7,7 +7,9 @@ One round, from exact backbone logits on the current state S:
 3. verification: ONE backbone forward over the candidate states S_1 .. S_{K+1} (stacked in the batch or packed
    in one sequence per row, `verify_layout`: generation/packed.py); d_k is accepted iff the backbone's pick on
    S_k is d_k (same position, same token), for all k at once; each row keeps its own longest accepted prefix,
-   and the verify outputs of the state it stops at are the exact outputs of the next round.
+   and the verify outputs of the state it stops at are the exact outputs of the next round. When the drafts
+   fill the block, the state that fills it also reads the next block (still masked) in the same forward: if the
+   row ends its block there, those outputs are the next block's first (`BlockContext.verify`, `carry`).
 Picks are made by the same `TokenProposer` as static decoding, with the same committed count, so the keyed
 random draws coincide and the output equals static decoding token for token, greedy or sampled.
 One read of the device per round: whether a row stalled, and how many masked positions are left.
@@ -30,7 +32,7 @@ class SpeculativeDecoder(BlockDecoder):
 
     @torch.no_grad()
     def decode_block(self, block: BlockContext) -> None:
-        exact = block.forward(hidden=True)  # the backbone's own outputs on the current state S
+        exact = block.first_forward(hidden=True)  # the backbone's own outputs on the current state S
         while True:
             # 1. the exact pick on S
             ids, committed, masked, left = commit_exact_step(
@@ -40,11 +42,16 @@ class SpeculativeDecoder(BlockDecoder):
                 return
             # 2. drafts from the head (no more than the masked positions left)
             states, drafts = self._draft(block, ids, masked, committed, exact.lm_head_input, min(self.draft_tokens, left))
-            # 3. one backbone forward verifies S_1 .. S_k+1 of every row; acceptance of all drafts at once
-            verify = block.forward(hidden=True, candidates=states)
+            # 3. one backbone forward verifies S_1 .. S_k+1 of every row (and reads the next block after the first
+            #    state that fills the block, when the drafts can fill it); acceptance of all drafts at once
+            filled = (states != block.mask_id).all(dim=-1)  # [n, k+1]
+            ahead_node = filled.long().argmax(dim=1) if states.shape[1] - 1 == left else None
+            verify, ahead = block.verify(states, True, ahead_node)
             accepted = self._accepted(block, verify.logits, states, drafts, committed)
             rows = torch.arange(ids.shape[0], device=ids.device)
             block.commit(states[rows, accepted], accepted)
+            if ahead is not None:  # exact for the next block where the row ended its block as that state
+                block.carry(ahead, (accepted == ahead_node) & filled[rows, accepted])
             block.record_acceptance(accepted, masked.any(dim=1), self.draft_tokens)
             exact = type(exact)(logits=verify.logits[rows, accepted], lm_head_input=verify.lm_head_input[rows, accepted])
 
