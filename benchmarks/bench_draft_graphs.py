@@ -204,7 +204,7 @@ def main() -> None:
     parser.add_argument("--graphs", default="chain-4,chain-7,tree-2x2,tree-3x2x1,tree-2x2x2x1",
                         type=lambda s: s.split(","))
     parser.add_argument("--thresholds", default="0.9,0.7,0.5", type=lambda s: [float(t) for t in s.split(",")])
-    parser.add_argument("--dynamic-graphs", default="chain-2,tree-2x2", type=lambda s: s.split(","))
+    parser.add_argument("--dynamic-graphs", default="chain-4,tree-3x2x1", type=lambda s: s.split(","))
     parser.add_argument("--draft-tokens", type=int, default=3, help="the chain's K (the head's default)")
     parser.add_argument("--budgets", default="8,16", type=lambda s: [int(b) for b in s.split(",") if b],
                         help="node budgets to calibrate a shape for ('' for none)")

@@ -94,7 +94,7 @@ def _generation_model(args: argparse.Namespace, command: str):
     or --backbone alone; the torch threads chosen for it (`_choose_threads`)."""
     from transformers import AutoTokenizer
 
-    from .backbones.loading import resolve_dtype
+    from .backbones.loading import load_mrp_model, resolve_dtype
 
     if args.reference:
         from .reference import bundled
@@ -111,7 +111,7 @@ def _generation_model(args: argparse.Namespace, command: str):
     load = {"trust_remote_code": args.trust_remote_code, "revision": args.revision,
             "torch_dtype": resolve_dtype(args.dtype), "device_map": args.device_map}
     identity = {"backbone_family": args.backbone_family, "mask_token_id": args.mask_token_id}
-    model, source = _load_model(args.head, args.backbone, load, identity)
+    model, source = load_mrp_model(args.head, args.backbone, load, identity)
     _choose_threads(args, command, model)
     tokenizer = AutoTokenizer.from_pretrained(source, revision=None if args.head else args.revision,
                                               trust_remote_code=args.trust_remote_code)
@@ -382,29 +382,13 @@ def _eval_model(args: argparse.Namespace):
     """(MRPModel, tokenizer): the head with its own (or the given) backbone, or the backbone alone."""
     from transformers import AutoTokenizer
 
-    from .backbones.loading import resolve_dtype
+    from .backbones.loading import load_mrp_model, resolve_dtype
 
     load = {"trust_remote_code": args.trust_remote_code, "torch_dtype": resolve_dtype(args.dtype)}
-    model, tokenizer_source = _load_model(args.head, args.backbone, load)
+    model, tokenizer_source = load_mrp_model(args.head, args.backbone, load)
     if args.device:
         model.to(args.device)
     return model, AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=args.trust_remote_code)
-
-
-def _load_model(head: str | None, backbone: str | None, load: dict, identity: dict | None = None):
-    """(MRPModel, where its tokenizer is): the head with the given backbone or the one its config names (a
-    missing head folder or an uncached id fails at once, in one line), or the backbone alone."""
-    from .backbones import load_backbone
-    from .backbones.loading import check_model_source
-    from .modeling_mrp import MRPHead, MRPModel, _base_model_location
-
-    identity = identity or {}
-    if not head:
-        return MRPModel.from_backbone_pretrained(backbone, **identity, **load), backbone
-    check_model_source(head, what="head")
-    loaded = load_backbone(backbone, **load) if backbone else None
-    model = MRPModel.from_pretrained(head, backbone=loaded, **identity, **({} if loaded is not None else load))
-    return model, backbone or _base_model_location(MRPHead.config_class.from_pretrained(head).base_model_name_or_path, head)
 
 
 def _write_eval_outputs(rows: list[dict], args: argparse.Namespace, output) -> None:

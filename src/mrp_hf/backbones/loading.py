@@ -199,3 +199,19 @@ def load_backbone(
     if not return_mask_token_id:
         return model
     return model, _tokenizer_mask_id(pretrained_model_name_or_path, revision, trust_remote_code, **hub_kwargs)
+
+
+def load_mrp_model(head: str | None, backbone: str | None, load: dict, identity: dict | None = None):
+    """(MRPModel, where its tokenizer is): the head with the given backbone or the one its config names (a
+    missing head folder or an uncached id fails at once, in one line), or the backbone alone. `load`: backbone
+    loading arguments (dtype, device_map, trust_remote_code, ...); `identity`: token ids the model should use.
+    One loader for `mrp-hf generate`, `mrp-hf eval` and `mrp-hf demo --head`."""
+    from ..modeling_mrp import MRPHead, MRPModel, _base_model_location
+
+    identity = identity or {}
+    if not head:
+        return MRPModel.from_backbone_pretrained(backbone, **identity, **load), backbone
+    check_model_source(head, what="head")
+    loaded = load_backbone(backbone, **load) if backbone else None
+    model = MRPModel.from_pretrained(head, backbone=loaded, **identity, **({} if loaded is not None else load))
+    return model, backbone or _base_model_location(MRPHead.config_class.from_pretrained(head).base_model_name_or_path, head)

@@ -212,7 +212,6 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the demo; returns {"rows": [...], "targets": {...}, "table": str}."""
     from ..evaluation.runner import format_table, plot_rows, run_modes, write_json
-    from ..modeling_mrp import MRPModel, _base_model_location
     from .tasks import ANSWER_LENGTH, held_out_items
 
     # 1. backbone and head
@@ -221,11 +220,9 @@ def run_demo(
     else:
         from transformers import AutoTokenizer
 
-        from ..backbones import load_backbone
+        from ..backbones.loading import load_mrp_model
 
-        backbone_model = load_backbone(backbone, trust_remote_code=trust_remote_code) if backbone else None
-        model = MRPModel.from_pretrained(head, backbone=backbone_model, trust_remote_code=trust_remote_code)
-        source = backbone or _base_model_location(model.head.config.base_model_name_or_path, head)
+        model, source = load_mrp_model(head, backbone, {"trust_remote_code": trust_remote_code})
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     if device is not None:
         model.to(device)
