@@ -10,7 +10,9 @@ whether every output equals the base decoding's token for token. Settings:
 - the calibrated graphs: for each budget of `--budgets`, the shape `mrp-hf calibrate` chooses (generation/
   calibration.py) from other held-out prompts (`--calibration-per-task` per task, another seed), per drafter;
 - for each threshold of `--thresholds`: dynamic decoding, and the graphs of `--dynamic-graphs` over it (head and
-  head-free).
+  head-free);
+- the verify's lookahead measured by its absence: the head's chain and each head-free graph again with
+  `verify_lookahead=False` (`--no-lookahead-contrast` leaves these out).
 Seconds are wall-clock (`time.perf_counter`) and CPU seconds of this process (`time.process_time`, which a busy
 shared machine disturbs less); ratios are taken per repeat and their median reported.
 
@@ -70,11 +72,17 @@ def settings(args, calibrated_shapes=()) -> list[dict]:
     rows = [{"label": "static", "base": "static", "kwargs": {}, "graph": None, "drafter": None},
             {"label": f"chain:{args.draft_tokens} (head)", "base": "static", "graph": None, "drafter": "head",
              "kwargs": {"mrp_mode": "speculative", "mrp_draft_tokens": args.draft_tokens}}]
+    if args.lookahead_contrast:
+        rows.append({**rows[1], "label": f"chain:{args.draft_tokens} (head), no lookahead",
+                     "kwargs": {**rows[1]["kwargs"], "verify_lookahead": False}})
     for graph in args.graphs:
         for drafter in ("head", "backbone"):
             rows.append({"label": f"{graph} ({drafter})", "base": "static", "graph": graph, "drafter": drafter,
                          "kwargs": {"mrp_mode": "speculative", "mrp_draft_graph": graph, "mrp_drafter": drafter,
                                     "mrp_draft_tokens": args.draft_tokens}})
+        if args.lookahead_contrast:
+            rows.append({**rows[-1], "label": f"{graph} (backbone), no lookahead",
+                         "kwargs": {**rows[-1]["kwargs"], "verify_lookahead": False}})
     for drafter, budget, shape in calibrated_shapes:
         rows.append({"label": f"calibrated, {budget} nodes: {shape} ({drafter})", "base": "static", "graph": shape,
                      "drafter": drafter, "kwargs": {"mrp_mode": "speculative", "mrp_draft_graph": shape,
@@ -88,6 +96,9 @@ def settings(args, calibrated_shapes=()) -> list[dict]:
                              "drafter": drafter,
                              "kwargs": {"mrp_mode": "speculative", "mrp_draft_graph": graph, "mrp_drafter": drafter,
                                         "threshold": threshold, "mrp_draft_tokens": args.draft_tokens}})
+            if args.lookahead_contrast:
+                rows.append({**rows[-1], "label": f"{graph} (backbone) @{threshold}, no lookahead",
+                             "kwargs": {**rows[-1]["kwargs"], "verify_lookahead": False}})
     return rows
 
 
@@ -212,6 +223,8 @@ def main() -> None:
     parser.add_argument("--calibration-seed", type=int, default=99, help="held_out_items seed of the calibration set")
     parser.add_argument("--max-depth", type=int, default=7, help="deepest calibrated graph")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-lookahead-contrast", dest="lookahead_contrast", action="store_false",
+                        help="leave out the rows with verify_lookahead=False (the head's chain, each head-free graph)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--verify-sweep", type=lambda s: [int(c) for c in s.split(",")],
                         help="node counts: measure the verify forward's cost by node count instead")

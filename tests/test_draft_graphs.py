@@ -393,10 +393,9 @@ def test_a_carried_lookahead_is_the_next_blocks_first_forward(models, packing_mo
         assert not used
 
 
-def test_the_lookahead_saves_forwards_on_the_bundled_model(monkeypatch):
+def test_the_lookahead_saves_forwards_on_the_bundled_model():
     """On the trained reference model, head-free graphs over static and over dynamic decoding need fewer forwards
-    with the lookahead than without it (the engine told it cannot carry), with the same tokens."""
-    from mrp_hf.generation.engine import DecodingEngine
+    with the lookahead than without it (`verify_lookahead=False`), with the same tokens."""
     from mrp_hf.reference import held_out_items
     from mrp_hf.reference.bundled import load_reference
 
@@ -410,8 +409,8 @@ def test_the_lookahead_saves_forwards_on_the_bundled_model(monkeypatch):
 
     for kwargs in (dict(mrp_draft_graph="chain-7"), dict(mrp_draft_graph="chain-4", threshold=0.9)):
         with_lookahead, tokens = forwards(**kwargs)
-        with monkeypatch.context() as patch:
-            patch.setattr(DecodingEngine, "can_carry", property(lambda self: False))
-            without, same_tokens = forwards(**kwargs)
+        without, same_tokens = forwards(verify_lookahead=False, **kwargs)
         assert all(torch.equal(a, b) for a, b in zip(tokens, same_tokens, strict=True))
         assert with_lookahead < without, (kwargs, with_lookahead, without)
+    with pytest.raises(ValueError, match="verify_lookahead='yes' must be True or False"):
+        model.generate(prompts[0], mrp_mode="speculative", mrp_drafter="backbone", verify_lookahead="yes")

@@ -38,6 +38,7 @@ _DEFAULTS: dict[str, Any] = {
     "remask_rule": "confidence",
     "remask_delta": 1.5,
     "verify_layout": "auto",  # speculative verify: candidates "stacked" in the batch or "packed" in one sequence
+    "verify_lookahead": True,  # speculative verify: the node likeliest to fill the block also reads the next block
     "block_alignment": None,  # None: the family's own layout ("sequence" for SDAR/Fast-dLLM v2/LLaDA2), or "answer"
     "group_by_prompt_length": None,  # None: only where the attention ignores padding (LLaDA)
     "mask_token_id": None,
@@ -97,6 +98,10 @@ class MRPGenerationConfig(GenerationConfig):
             in the batch dimension, `"packed"` in one sequence with block-diagonal attention over the shared
             prefix (families whose forward takes an explicit 4-D pattern), or `"auto"` (the layout measured
             faster for the family). Both give the same tokens.
+        verify_lookahead: speculative mode: the verify forward also runs the next block (still masked) after the
+            candidate likeliest to fill the current block, so that when the block ends as that candidate the next
+            block starts without a forward of its own (docs/modes.md#draft-graphs). Same tokens either way;
+            `False` keeps every verify to the block's own candidates.
         block_alignment: where a block-causal model's blocks start. `None` (default): the family's own layout,
             which is `"sequence"` for SDAR, Fast-dLLM v2 and LLaDA2 (blocks counted from each row's first token,
             the prompt's tail sharing its block with the first answer tokens, as their generate functions and
@@ -186,6 +191,8 @@ class MRPGenerationConfig(GenerationConfig):
             raise ValueError(f"Unknown step_schedule {self.step_schedule!r}; choose one of {list(STEP_SCHEDULES)}.")
         if self.block_alignment not in (None, "sequence", "answer"):
             raise ValueError(f"block_alignment={self.block_alignment!r} must be None (the family's own), 'sequence' or 'answer'.")
+        if self.verify_lookahead not in (True, False):
+            raise ValueError(f"verify_lookahead={self.verify_lookahead!r} must be True or False.")
         if self.group_by_prompt_length not in (None, True, False):
             raise ValueError(f"group_by_prompt_length={self.group_by_prompt_length!r} must be None (auto), True or False.")
         if self.prefix_cache not in (None, True, False):

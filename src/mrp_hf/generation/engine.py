@@ -467,13 +467,13 @@ class DecodingEngine:
 
     @property
     def can_carry(self) -> bool:
-        """Whether a verify forward's lookahead can stand in for the next block's first forward: the forward over
-        [what precedes the block | the finished block | the next block, masked] must be the same computation
-        either way, which the exact prefix cache (or none) gives, and no block-start rule may run first (Fast-dLLM
+        """Whether a verify forward's lookahead may stand in for the next block's first forward: `verify_lookahead`
+        is on, and the forward over [what precedes the block | the finished block | the next block, masked] is the
+        same computation either way, which the exact prefix cache (or none) gives, and no block-start rule may run first (Fast-dLLM
         v2's autoregressive first token, the approximate cache's refresh)."""
         adapter = self.adapter
-        return not (adapter.autoregressive_block_start or self.refresh_commits_block_start
-                    or (self.use_cache and not adapter.exact_prefix_cache))
+        return self.config.verify_lookahead and not (adapter.autoregressive_block_start or self.refresh_commits_block_start
+                                                     or (self.use_cache and not adapter.exact_prefix_cache))
 
     def _stacked_forward(self, canvas, canvas_mask, positions, cache, copies, span, keep, return_lm_head_input,
                          lookahead=None):
