@@ -41,7 +41,8 @@ def test_demo_json_on_a_small_subset(tmp_path):
     assert main(["demo", "--per-task", "2", "--thresholds", "0.5", "--draft-tokens", "2,4", "--json", str(out),
                  "--no-progress", "--timing-repeats", "1", "--plot", str(tmp_path / "plot.png")]) == 0
     rows = json.loads(out.read_text())
-    # static, dynamic, remask, K=2, K=4, the draft graphs (a head tree, a head-free chain, one over dynamic@0.5)
+    # static, dynamic, remask, K=2, K=4, the draft graphs (a head tree, a head-free chain, a head-free tree over
+    # dynamic@0.5: the sweep's one threshold)
     assert [r["mode"] for r in rows] == ["static", "dynamic", "remask", *["speculative"] * 5, "direct"]
     assert [r["mrp_draft_tokens"] for r in rows[3:5]] == [2, 4]
     assert all(REQUIRED_KEYS | {"draft_graph", "base", "identical_to_base"} <= set(r) for r in rows)
@@ -49,7 +50,7 @@ def test_demo_json_on_a_small_subset(tmp_path):
         assert speculative["identical_to_static"] is True and speculative["accuracy"] == rows[0]["accuracy"]
         assert speculative["tokens_per_forward"] > 1.0 and speculative["draft_graph"] is None
     graphs = rows[5:8]
-    assert [g["draft_graph"] for g in graphs] == ["tree-3x2x1", "chain-7", "chain-4"]
+    assert [g["draft_graph"] for g in graphs] == ["tree-3x2x1", "chain-7", "tree-3x2x1"]
     assert [g["base"] for g in graphs] == ["static", "static", "dynamic"]
     assert all(g["identical_to_base"] is True for g in graphs)  # lossless against the decoding each builds on
     assert graphs[2]["threshold"] == 0.5 and graphs[1]["drafter"] == "backbone"
@@ -64,7 +65,8 @@ def test_demo_sweeps_six_thresholds_and_three_draft_counts_by_default():
     assert labels[0] == ("static", None) and labels[-1] == ("direct", 2)
     assert [t for mode, t in labels if mode == "dynamic"] == [0.95, 0.9, 0.8, 0.7, 0.5, 0.3]
     assert [t for mode, t in labels if mode == "remask"] == [0.95, 0.9, 0.8, 0.7, 0.5, 0.3]
-    assert [k for mode, k in labels if mode == "speculative"] == [2, 3, 4, None, None, 0.5]  # then the graphs
+    # then the graphs: two over static, one over dynamic decoding at each threshold
+    assert [k for mode, k in labels if mode == "speculative"] == [2, 3, 4, None, None, 0.95, 0.9, 0.8, 0.7, 0.5, 0.3]
 
 
 def test_speculative_is_identical_to_static_on_a_demo_subset(reference):

@@ -26,11 +26,11 @@ from . import bundled
 DEFAULT_THRESHOLDS = (0.95, 0.9, 0.8, 0.7, 0.5, 0.3)
 DEFAULT_DRAFT_TOKENS = (2, 3, 4)
 #: draft graphs (docs/modes.md#draft-graphs): a head-drafted tree, a chain drafted by the backbone itself (no head),
-#: and a head-free chain over dynamic decoding at 0.5; each must equal its base decoding token for token
+#: and a head-free tree over dynamic decoding at each threshold; each must equal its base decoding token for token
 DEFAULT_DRAFT_GRAPHS = (
     {"mrp_draft_graph": "tree-3x2x1"},
     {"mrp_draft_graph": "chain-7", "mrp_drafter": "backbone"},
-    {"mrp_draft_graph": "chain-4", "mrp_drafter": "backbone", "threshold": 0.5},
+    *({"mrp_draft_graph": "tree-3x2x1", "mrp_drafter": "backbone", "threshold": t} for t in DEFAULT_THRESHOLDS),
 )
 
 
