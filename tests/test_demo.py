@@ -87,14 +87,13 @@ def test_speculative_is_identical_to_static_on_a_demo_subset(reference):
 
 def test_static_accuracy_on_a_fixed_sample(reference):
     """Static decoding (one token per step) on a fixed sample of held-out prompts (a seed other than the one
-    training_info.json reports). The shipped model solves sort and perm, mostly solves pair, and has not learned
-    swap's count of swapped pairs (it writes the most frequent count), so it stays below the 90% the issue
-    asked for (docs/benchmarks.md says by how much); these floors are what it does reach."""
+    training_info.json reports). The shipped model solves sort, perm and swap and gets most of pair's sums right:
+    90% on the demo's 100 prompts, 87.5% on these 40 (docs/benchmarks.md); these floors are what it reaches."""
     model, tokenizer = reference
     accuracy, per_task = evaluate_static(model.backbone, tokenizer, held_out_items(per_task=10, seed=99))
     model.backbone.eval()
-    assert per_task["sort"] >= 0.9 and per_task["perm"] >= 0.9 and per_task["pair"] >= 0.7, per_task
-    assert accuracy >= 0.7, per_task
+    assert per_task["sort"] >= 0.9 and per_task["perm"] >= 0.9 and per_task["swap"] >= 0.9, per_task
+    assert per_task["pair"] >= 0.5 and accuracy >= 0.85, per_task
 
 
 def test_table_explains_its_columns_and_nothing_to_recover():

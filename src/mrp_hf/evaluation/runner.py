@@ -438,19 +438,25 @@ _PLOT_STYLE = {
     "static": dict(marker="*", color="black", offset=(6, 4), size=13, fill=True, zorder=4),
     "speculative": dict(marker="D", color="tab:green", offset=(6, 4), size=6, fill=True, zorder=2),
     "draft graph": dict(marker="P", color="tab:purple", offset=(6, -11), size=8, fill=True, zorder=2),
+    "draft graph over dynamic": dict(marker="X", color="tab:brown", offset=(6, 4), size=7, fill=True, zorder=2),
     "direct": dict(marker="^", color="tab:red", offset=(6, 4), size=8, fill=True, zorder=2),
 }
 
 
 def _series(r: dict[str, Any]) -> str:
-    """The plot series of a row: its mode, or "draft graph" for speculative decoding with a draft graph."""
-    return "draft graph" if r["mode"] == "speculative" and r.get("draft_graph") else r["mode"]
+    """The plot series of a row: its mode, or "draft graph" for speculative decoding with a draft graph ("draft
+    graph over dynamic" with a threshold)."""
+    if r["mode"] == "speculative" and r.get("draft_graph"):
+        return "draft graph over dynamic" if r.get("threshold") is not None else "draft graph"
+    return r["mode"]
 
 
 def _point_label(r: dict[str, Any]) -> str:
+    graph = f"{r.get('draft_graph')}{' no head' if r.get('drafter') == 'backbone' else ''}"
     if _series(r) == "draft graph":
-        over = f"{r['threshold']:g} " if r.get("threshold") is not None else ""
-        return f"{over}{r['draft_graph']}{' no head' if r.get('drafter') == 'backbone' else ''}"
+        return graph
+    if _series(r) == "draft graph over dynamic":  # the shape goes to the legend: labels stay short
+        return f"{r['threshold']:g}"
     if r["mode"] in ("dynamic", "remask"):
         return f"{r['threshold']:g}"
     if r["mode"] == "speculative":
@@ -507,6 +513,9 @@ def _plot_panel(ax, rows, metric: str, x_key: str, frontier: list[dict[str, Any]
         if not line:
             continue
         xs, ys = [r[x_key] for r in line], [float("nan") if r.get(metric) is None else r[metric] for r in line]
+        if name == "draft graph over dynamic":  # its shapes (drafter) in the legend, its thresholds on the points
+            name = f"{name}: " + ", ".join(sorted({_point_label({**r, "threshold": None, "mode": "speculative"})
+                                                  for r in line}))
         ax.plot(xs, ys, linestyle="-" if name in ("dynamic", "remask") else "none", marker=style["marker"],
                 color=style["color"], markersize=style["size"], label=name, alpha=0.9,
                 markerfacecolor=style["color"] if style["fill"] else "white", zorder=style["zorder"])
@@ -527,25 +536,28 @@ def plot_rows(rows: list[dict[str, Any]], path: str | Path, title: str | None = 
     wall-clock speed-up vs static, with the Pareto frontier marked (the trade-off a user chooses on), and against
     tokens per backbone forward (what the speed-up is made of). Dynamic and remask are lines through their
     thresholds (each labelled); static, speculative (K=...), draft graphs (shape; "no head": drafted by the
-    backbone itself; a threshold in front: over dynamic decoding) and direct are points."""
+    backbone itself), draft graphs over dynamic decoding (their threshold; the shape in the legend) and direct
+    are points."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never open a window
     import matplotlib.pyplot as plt
 
     metric = "accuracy" if any(r["accuracy"] is not None for r in rows) else "token_agreement_with_static"
-    fig, (wall, tpf) = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True)
+    fig, (wall, tpf) = plt.subplots(1, 2, figsize=(11, 5.2), sharey=True)
     _plot_panel(wall, rows, metric, "speedup_vs_static", pareto_frontier(rows, metric))
     wall.axvline(1.0, color="black", linewidth=0.6, alpha=0.5)
     wall.set_xlabel("wall-clock speed-up vs static (x)")
     wall.set_title("accuracy vs wall-clock", fontsize=10)
-    wall.legend(fontsize=7, loc="lower left")
     _plot_panel(tpf, rows, metric, "tokens_per_forward", None)
     tpf.set_xlabel("tokens per backbone forward")
     tpf.set_title("accuracy vs tokens per forward", fontsize=10)
     n = max((r["n"] for r in rows), default=0)
     fig.suptitle(title or f"Decoding modes: {metric.replace('_', ' ')} against speed ({n} prompts)")
-    fig.tight_layout()
+    # the legend below the panels, where it can hide no point
+    handles, names = wall.get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="lower center", ncol=min(4, len(names)), frameon=False)
+    fig.tight_layout(rect=(0, 0.03 * (1 + (len(names) - 1) // 4), 1, 1))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
