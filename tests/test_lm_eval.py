@@ -93,6 +93,8 @@ def test_model_args_are_converted_from_lm_eval_strings():
                              "prefix_cache": "False", "draft_tokens": 4, "max_batch_size": None, "device": "cpu"})
     assert (args.backbone, args.threshold, args.block_length, args.trust_remote_code) == ("x", 0.9, 8, True)
     assert (args.prefix_cache, args.mrp_draft_tokens, args.device, args.seed) == (False, 4, "cpu", 0)
+    args = parse_model_args({"head": "h", "verify_lookahead": "false", "confidence_resolution": "0.05"})
+    assert (args.verify_lookahead, args.confidence_resolution) == (False, 0.05)
 
 
 @pytest.mark.parametrize(("raw", "message"), [

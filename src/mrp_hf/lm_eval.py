@@ -44,7 +44,8 @@ MODEL_NAME = "mrp-hf"
 #: decoding fields that model args set for the run and a task's gen_kwargs may override per task
 _DECODING_FIELDS = (
     "mrp_mode", "threshold", "block_length", "mrp_draft_tokens", "mrp_draft_graph", "mrp_drafter", "steps", "tokens_per_step", "remask_rule",
-    "remask_delta", "prefix_cache", "confidence", "verify_layout", "temperature", "top_p", "top_k", "seed",
+    "remask_delta", "prefix_cache", "confidence", "confidence_resolution", "verify_layout", "verify_lookahead",
+    "temperature", "top_p", "top_k", "seed",
 )
 _GEN_KWARGS = {"until", "max_gen_toks", "max_new_tokens", "do_sample", "num_beams", *_DECODING_FIELDS}
 
@@ -79,7 +80,9 @@ class MRPLMArgs:
     remask_delta: float | None = None
     prefix_cache: bool | None = None
     confidence: str | None = None
+    confidence_resolution: float | None = None
     verify_layout: str | None = None
+    verify_lookahead: bool | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
