@@ -83,24 +83,24 @@ class BlockContext:
         return self.forward(hidden=hidden)
 
     def verify(self, candidates: torch.Tensor, hidden: bool = False,
-               lookahead_node: torch.Tensor | None = None) -> tuple[BackboneOutput, BackboneOutput | None]:
-        """One forward over candidate states [n, c, L] (as `forward`). With `lookahead_node` (a candidate index per
-        row, [n]) and a next block, that candidate also runs over the next block, still masked, in the same forward:
-        its outputs there come back second ([n, next length, ...]), and are the next block's first outputs if the
-        block ends as that candidate (`carry`). Whatever an earlier round carried is dropped."""
+               lookahead_node: int | None = None) -> tuple[BackboneOutput, BackboneOutput | None]:
+        """One forward over candidate states [n, c, L] (as `forward`). With `lookahead_node` (a candidate index, the
+        same for every row) and a next block, that candidate also runs over the next block, still masked, in the
+        same forward: its outputs there come back second ([n, next length, ...]), and are the next block's first
+        outputs if the block ends as that candidate (`carry`). Whatever an earlier round carried is dropped."""
         self._state.carried = None
         if lookahead_node is None or self.next_block is None:
             return self.forward(hidden=hidden, candidates=candidates), None
-        n, copies, length = candidates.shape
+        copies = candidates.shape[1]
+        if lookahead_node == copies - 1:  # already last (a chain): nothing to move
+            return self._candidates_forward(candidates, hidden, None, None, self.next_block)
         # that candidate runs last (the others keep their order), so that only the last copy reads further
-        last = torch.arange(copies, device=candidates.device) == lookahead_node.unsqueeze(1)
-        order = torch.sort(last.long(), dim=1, stable=True).indices
-        moved = candidates.gather(1, order.unsqueeze(-1).expand(-1, -1, length))
-        out, ahead = self._candidates_forward(moved, hidden, None, None, self.next_block)
-        back = order.argsort(dim=1)
+        order = [i for i in range(copies) if i != lookahead_node] + [lookahead_node]
+        back = torch.tensor([order.index(i) for i in range(copies)], device=candidates.device)
+        out, ahead = self._candidates_forward(candidates[:, order], hidden, None, None, self.next_block)
 
         def restore(x):
-            return None if x is None else x.gather(1, back[:, :, None, None].expand_as(x))
+            return None if x is None else x.index_select(1, back)
 
         return BackboneOutput(logits=restore(out.logits), lm_head_input=restore(out.lm_head_input)), ahead
 

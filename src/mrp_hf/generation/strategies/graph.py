@@ -15,9 +15,9 @@ One round, from exact backbone outputs on the current state S:
    the backbone's own step on each node is computed with the node's committed count (so the keyed random draws
    are those of the base decoding on that state); a child is accepted iff its parent is and its reveal (positions
    and tokens) is exactly the backbone's step on the parent. Accepted nodes form a path from the root; each row
-   keeps its deepest, whose verify outputs are the exact outputs of the next round. The first node on the
-   first-choice path that fills the block also reads the next block (the lookahead): if every row ends its block
-   on it, the next block starts from those outputs without a forward (`BlockContext.verify`, `carry`).
+   keeps its deepest, whose verify outputs are the exact outputs of the next round. The last node of the
+   first-choice path also reads the next block (the lookahead): if every row ends its block filled on that path,
+   the next block starts from those outputs without a forward (`BlockContext.verify`, `carry`).
 Every accepted state is a state the base decoding reaches, with the same committed count, so the output equals
 the base decoding (static, or dynamic at that threshold) token for token, greedy or sampled. One read of the
 device per round, as in the chain (generation/strategies/speculative.py), which a chain-shaped graph reproduces.
@@ -78,29 +78,28 @@ class GraphSpeculativeDecoder(BlockDecoder):
             tree = self._draft(block, ids, committed, exact, graph)
             # 3. one backbone forward over every node (and the next block after the node likeliest to end this one);
             #    each row keeps its deepest accepted node
-            ahead_node = self._lookahead_node(block, tree, graph, left)
-            verify, ahead = block.verify(tree.states, hidden, ahead_node)
+            verify, ahead = block.verify(tree.states, hidden, self._lookahead_node(block, graph, left))
             node = self._deepest_accepted(block, verify.logits, tree, graph)
             rows = torch.arange(ids.shape[0], device=ids.device)
             block.commit(tree.states[rows, node], tree.committed[rows, node] - committed)
-            if ahead is not None:  # exact for the next block where the row ended its block as that node
-                block.carry(ahead, (node == ahead_node) & (tree.states[rows, node] != block.mask_id).all(dim=1))
+            if ahead is not None:  # exact for the next block where the row ended its block filled on that path
+                on_path = torch.zeros(tree.states.shape[1], dtype=torch.bool, device=node.device)
+                on_path[list(graph.level_starts)] = True
+                block.carry(ahead, on_path[node] & (tree.states[rows, node] != block.mask_id).all(dim=1))
             block.record_acceptance(graph.depths(node.device)[node], masked.any(dim=1), self.graph.depth)
             lm_head_input = verify.lm_head_input[rows, node] if hidden else None
             exact = BackboneOutput(logits=verify.logits[rows, node], lm_head_input=lm_head_input)
 
-    def _lookahead_node(self, block: BlockContext, tree: DraftTree, graph: DraftGraph, left: int):
-        """Per row, the node after which the verify also reads the next block [n] (None: no lookahead): the first
-        node on the drafter's first-choice path (each level's first node) that fills the block (none: the path's
-        last node, which cannot carry). Static steps reveal one position each, so only a graph as deep as the
-        masks left can fill the block: without one (known on the host) the lookahead is skipped. Only the first-
-        choice path carries, so that calibration can count carried forwards from ranks alone."""
+    def _lookahead_node(self, block: BlockContext, graph: DraftGraph, left: int) -> int | None:
+        """The node after which the verify also reads the next block (None: no lookahead): the last node of the
+        drafter's first-choice path (each level's first node). A node whose block is filled has children that
+        reveal nothing, whose states equal it, so that node holds the block the path fills, whatever the depth
+        it fills it at. Static steps reveal one position each, so only a graph as deep as the masks left can fill
+        the block: without one (known on the host) the lookahead is skipped. Only the first-choice path carries,
+        so that calibration can count carried forwards from ranks alone."""
         if block.next_block is None or (self.reveal is None and graph.depth < left):
             return None
-        path = torch.tensor(graph.level_starts, device=tree.states.device)
-        filled = (tree.valid[:, path] & (tree.states[:, path] != block.mask_id).all(dim=-1)).long()  # [n, D+1]
-        first = torch.where(filled.any(dim=1), filled.argmax(dim=1), path.numel() - 1)
-        return path[first]
+        return graph.level_starts[-1]
 
     def _fitted(self, left: int) -> DraftGraph:
         """The graph cut to what `left` masked positions (the most of any row) allow: every step reveals one position

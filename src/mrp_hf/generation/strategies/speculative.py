@@ -42,16 +42,16 @@ class SpeculativeDecoder(BlockDecoder):
                 return
             # 2. drafts from the head (no more than the masked positions left)
             states, drafts = self._draft(block, ids, masked, committed, exact.lm_head_input, min(self.draft_tokens, left))
-            # 3. one backbone forward verifies S_1 .. S_k+1 of every row (and reads the next block after the first
-            #    state that fills the block, when the drafts can fill it); acceptance of all drafts at once
-            filled = (states != block.mask_id).all(dim=-1)  # [n, k+1]
-            ahead_node = filled.long().argmax(dim=1) if states.shape[1] - 1 == left else None
-            verify, ahead = block.verify(states, True, ahead_node)
+            # 3. one backbone forward verifies S_1 .. S_k+1 of every row (and, when the drafts can fill the block,
+            #    reads the next block after the last state: a row's states stop changing once its block is filled,
+            #    so the last is the filled one); acceptance of all drafts at once
+            count = states.shape[1]
+            verify, ahead = block.verify(states, True, count - 1 if count - 1 == left else None)
             accepted = self._accepted(block, verify.logits, states, drafts, committed)
             rows = torch.arange(ids.shape[0], device=ids.device)
             block.commit(states[rows, accepted], accepted)
-            if ahead is not None:  # exact for the next block where the row ended its block as that state
-                block.carry(ahead, (accepted == ahead_node) & filled[rows, accepted])
+            if ahead is not None:  # exact for the next block where the row ended its block filled
+                block.carry(ahead, (states[rows, accepted] != block.mask_id).all(dim=-1))
             block.record_acceptance(accepted, masked.any(dim=1), self.draft_tokens)
             exact = type(exact)(logits=verify.logits[rows, accepted], lm_head_input=verify.lm_head_input[rows, accepted])
 
