@@ -72,17 +72,18 @@ def settings(args, calibrated_shapes=()) -> list[dict]:
     rows = [{"label": "static", "base": "static", "kwargs": {}, "graph": None, "drafter": None},
             {"label": f"chain:{args.draft_tokens} (head)", "base": "static", "graph": None, "drafter": "head",
              "kwargs": {"mrp_mode": "speculative", "mrp_draft_tokens": args.draft_tokens}}]
+    def without_lookahead(row: dict) -> dict:
+        return {**row, "label": f"{row['label']}, no lookahead", "kwargs": {**row["kwargs"], "verify_lookahead": False}}
+
     if args.lookahead_contrast:
-        rows.append({**rows[1], "label": f"chain:{args.draft_tokens} (head), no lookahead",
-                     "kwargs": {**rows[1]["kwargs"], "verify_lookahead": False}})
+        rows.append(without_lookahead(rows[1]))
     for graph in args.graphs:
         for drafter in ("head", "backbone"):
             rows.append({"label": f"{graph} ({drafter})", "base": "static", "graph": graph, "drafter": drafter,
                          "kwargs": {"mrp_mode": "speculative", "mrp_draft_graph": graph, "mrp_drafter": drafter,
                                     "mrp_draft_tokens": args.draft_tokens}})
         if args.lookahead_contrast:
-            rows.append({**rows[-1], "label": f"{graph} (backbone), no lookahead",
-                         "kwargs": {**rows[-1]["kwargs"], "verify_lookahead": False}})
+            rows.append(without_lookahead(rows[-1]))
     for drafter, budget, shape in calibrated_shapes:
         rows.append({"label": f"calibrated, {budget} nodes: {shape} ({drafter})", "base": "static", "graph": shape,
                      "drafter": drafter, "kwargs": {"mrp_mode": "speculative", "mrp_draft_graph": shape,
@@ -97,8 +98,7 @@ def settings(args, calibrated_shapes=()) -> list[dict]:
                              "kwargs": {"mrp_mode": "speculative", "mrp_draft_graph": graph, "mrp_drafter": drafter,
                                         "threshold": threshold, "mrp_draft_tokens": args.draft_tokens}})
             if args.lookahead_contrast:
-                rows.append({**rows[-1], "label": f"{graph} (backbone) @{threshold}, no lookahead",
-                             "kwargs": {**rows[-1]["kwargs"], "verify_lookahead": False}})
+                rows.append(without_lookahead(rows[-1]))
     return rows
 
 

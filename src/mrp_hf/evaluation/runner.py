@@ -83,6 +83,11 @@ def parse_modes(specs: str | Sequence[str | dict[str, Any]]) -> list[dict[str, A
     return [statics[0] if statics else {"mode": "static"}, *others]
 
 
+def _graph_name(graph: str | Sequence[int]) -> str:
+    """A draft graph as written in labels and rows: its shape name, or its branchings joined by "x" ("3x2x1")."""
+    return graph if isinstance(graph, str) else "x".join(map(str, graph))
+
+
 def mode_label(mode: dict[str, Any]) -> str:
     """"static", "dynamic:0.9", "speculative:3", "speculative:tree-2x2", plus any extra generate kwargs."""
     label = mode["mode"]
@@ -92,7 +97,7 @@ def mode_label(mode: dict[str, Any]) -> str:
         label += f":{mode['mrp_draft_tokens']}"
     graph = mode.get("mrp_draft_graph")
     if graph is not None:  # "speculative:tree-2x2", "speculative:0.5:3x2x1"
-        label += f":{graph if isinstance(graph, str) else 'x'.join(map(str, graph))}"
+        label += f":{_graph_name(graph)}"
     extra = {k: v for k, v in mode.items() if k not in ("mode", "threshold", "mrp_draft_tokens", "mrp_draft_graph")}
     return label + (json.dumps(extra, sort_keys=True) if extra else "")
 
@@ -330,7 +335,7 @@ def _against_base(mode: dict[str, Any], records: list[dict[str, Any]], results) 
     if reference is not None:
         pairs = [r["tokens"] == reference[r["item_id"]]["tokens"] for r in records if r["item_id"] in reference]
         same = bool(pairs) and all(pairs)
-    return {"draft_graph": graph if graph is None or isinstance(graph, str) else "x".join(map(str, graph)),
+    return {"draft_graph": None if graph is None else _graph_name(graph),
             "drafter": mode.get("mrp_drafter"), "base": base, "identical_to_base": same}
 
 
@@ -451,10 +456,14 @@ def _series(r: dict[str, Any]) -> str:
     return r["mode"]
 
 
+def _graph_label(r: dict[str, Any]) -> str:
+    """A draft-graph row's shape, "no head" when the backbone drafted it."""
+    return f"{r.get('draft_graph')}{' no head' if r.get('drafter') == 'backbone' else ''}"
+
+
 def _point_label(r: dict[str, Any]) -> str:
-    graph = f"{r.get('draft_graph')}{' no head' if r.get('drafter') == 'backbone' else ''}"
     if _series(r) == "draft graph":
-        return graph
+        return _graph_label(r)
     if _series(r) == "draft graph over dynamic":  # the shape goes to the legend: labels stay short
         return f"{r['threshold']:g}"
     if r["mode"] in ("dynamic", "remask"):
@@ -514,8 +523,7 @@ def _plot_panel(ax, rows, metric: str, x_key: str, frontier: list[dict[str, Any]
             continue
         xs, ys = [r[x_key] for r in line], [float("nan") if r.get(metric) is None else r[metric] for r in line]
         if name == "draft graph over dynamic":  # its shapes (drafter) in the legend, its thresholds on the points
-            name = f"{name}: " + ", ".join(sorted({_point_label({**r, "threshold": None, "mode": "speculative"})
-                                                  for r in line}))
+            name = f"{name}: " + ", ".join(sorted({_graph_label(r) for r in line}))
         ax.plot(xs, ys, linestyle="-" if name in ("dynamic", "remask") else "none", marker=style["marker"],
                 color=style["color"], markersize=style["size"], label=name, alpha=0.9,
                 markerfacecolor=style["color"] if style["fill"] else "white", zorder=style["zorder"])

@@ -71,6 +71,13 @@ class DraftGraph:
         """Depth of each node [nodes] (the root: 0)."""
         return torch.tensor([d for d, size in enumerate(self.level_sizes) for _ in range(size)], device=device)
 
+    def on_first_choice_path(self, device: torch.device) -> torch.Tensor:
+        """Bool [nodes]: the nodes of the drafter's first-choice path (each level's first node: the first child of
+        the first child ...)."""
+        path = torch.zeros(self.nodes, dtype=torch.bool, device=device)
+        path[list(self.level_starts)] = True
+        return path
+
     def describe(self) -> str:
         return f"chain-{self.depth}" if set(self.branching) == {1} else "tree-" + "x".join(map(str, self.branching))
 

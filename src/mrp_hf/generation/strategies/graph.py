@@ -83,9 +83,8 @@ class GraphSpeculativeDecoder(BlockDecoder):
             rows = torch.arange(ids.shape[0], device=ids.device)
             block.commit(tree.states[rows, node], tree.committed[rows, node] - committed)
             if ahead is not None:  # exact for the next block where the row ended its block filled on that path
-                on_path = torch.zeros(tree.states.shape[1], dtype=torch.bool, device=node.device)
-                on_path[list(graph.level_starts)] = True
-                block.carry(ahead, on_path[node] & (tree.states[rows, node] != block.mask_id).all(dim=1))
+                on_path = graph.on_first_choice_path(node.device)[node]
+                block.carry(ahead, on_path & (tree.states[rows, node] != block.mask_id).all(dim=1))
             block.record_acceptance(graph.depths(node.device)[node], masked.any(dim=1), self.graph.depth)
             lm_head_input = verify.lm_head_input[rows, node] if hidden else None
             exact = BackboneOutput(logits=verify.logits[rows, node], lm_head_input=lm_head_input)
